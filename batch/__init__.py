@@ -1,0 +1,33 @@
+"""A batch runner: fair, serial per job, patient with busy upstreams.
+
+import batch, store
+with store.open("jobs.sqlite3") as db, batch.Runner(db, fetch) as runner:
+    job_id = runner.submit(batch.Caller("alice"), ["doc-1", "doc-2"])
+    job = runner.wait(batch.Caller("alice"), job_id, timeout=30)
+"""
+
+from .context import Context
+from .errors import BatchError, InvalidJob, JobNotFound, RetryLater, RunnerClosed, TargetError
+from .hooks import Hooks
+from .model import Caller, CallerLike, Config, Job, Statistics, Target, TargetStatus
+from .runner import Fetch, Runner
+
+__all__ = [
+    "BatchError",
+    "Caller",
+    "CallerLike",
+    "Config",
+    "Context",
+    "Fetch",
+    "Hooks",
+    "InvalidJob",
+    "Job",
+    "JobNotFound",
+    "RetryLater",
+    "Runner",
+    "RunnerClosed",
+    "Statistics",
+    "Target",
+    "TargetError",
+    "TargetStatus",
+]

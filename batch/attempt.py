@@ -1,0 +1,107 @@
+"""One fetch of one target, and what became of it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+from .context import Context
+from .errors import RetryLater, TargetError
+from .model import Target
+
+__all__ = ["INTERNAL_ERROR", "Outcome", "attempt"]
+
+log = logging.getLogger("batch")
+
+C = TypeVar("C")
+
+#: What is stored for a fetch that raised something unexpected: its text might
+#: carry secrets or internals, so it goes to the log and never to the store.
+INTERNAL_ERROR = "internal error"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one fetch came to. ``busy``: the target stays pending; ``done``:
+    ``result`` holds its JSON; ``failed``: ``error`` and ``hint`` say why.
+    ``err`` is what the fetch raised (or why its result was refused), for the
+    hooks only."""
+
+    status: Literal["done", "failed", "busy"]
+    seconds: float
+    result: str | None = None
+    error: str | None = None
+    hint: str | None = None
+    err: BaseException | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of result JSON."""
+        return 0 if self.result is None else len(self.result.encode())
+
+    def busy_too_long(self, retry_for: float) -> Outcome:
+        """This busy outcome, turned into the failure stored when it has been
+        busy for longer than ``retry_for`` seconds."""
+        return Outcome(
+            "failed",
+            self.seconds,
+            error=self.error,
+            hint=f"still busy after retrying for {retry_for:g}s; try again later",
+            err=self.err,
+        )
+
+
+def attempt(
+    fetch: Callable[[Context, C, Target], object],
+    ctx: Context,
+    caller: C,
+    target: Target,
+) -> Outcome:
+    """Call ``fetch`` once and classify what it did. Never raises."""
+    start = time.monotonic()
+    try:
+        value = fetch(ctx, caller, target)
+    # A worker must survive whatever a fetch does, the Go "panic" included.
+    except BaseException as exc:  # noqa: BLE001
+        return _failure(exc, time.monotonic() - start, target)
+    seconds = time.monotonic() - start
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return Outcome(
+            "failed",
+            seconds,
+            error="result is not JSON-serializable",
+            hint=f"{exc}; return dicts, lists, strings, finite numbers, booleans or None",
+            err=exc,
+        )
+    return Outcome("done", seconds, result=text)
+
+
+def _failure(exc: BaseException, seconds: float, target: Target) -> Outcome:
+    busy = _retry_later(exc)
+    if busy is not None:
+        return Outcome("busy", seconds, error=str(busy) or "upstream busy", err=exc)
+    if isinstance(exc, TargetError):
+        return Outcome("failed", seconds, error=str(exc.msg), hint=exc.hint, err=exc)
+    log.error("fetch of %r raised; stored as %r", target.ref, INTERNAL_ERROR, exc_info=exc)
+    return Outcome("failed", seconds, error=INTERNAL_ERROR, err=exc)
+
+
+def _retry_later(exc: BaseException) -> RetryLater | None:
+    """The ``RetryLater`` in ``exc`` or its cause/context chain, if any."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, RetryLater):
+            return e
+        todo.extend(x for x in (e.__context__, e.__cause__) if x is not None)
+    return None

@@ -1,0 +1,48 @@
+"""Metrics hooks, and the wrapper that keeps a failing hook from doing harm."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TypeVarTuple
+
+__all__ = ["Hooks", "call_hook"]
+
+log = logging.getLogger("batch")
+
+Ts = TypeVarTuple("Ts")
+
+
+class Hooks:
+    """Subclass and override what you need; every method is a no-op here.
+
+    The runner calls hooks with its lock held, so that each gauge sees the
+    changes in the order they happened. Keep them quick, and never call back
+    into the runner from one (it would deadlock). A hook that raises is logged
+    and ignored: it never stops a worker or changes an outcome.
+    """
+
+    def depth(self, live: int) -> None:
+        """The number of live jobs changed to ``live``."""
+
+    def inflight(self, n: int) -> None:
+        """The number of targets being fetched changed to ``n``."""
+
+    def target(self, err: BaseException | None, seconds: float, nbytes: int) -> None:
+        """A target was stored: ``err`` is None if it is done; ``seconds`` the
+        fetch took; ``nbytes`` of result JSON."""
+
+    def job(self, status: str) -> None:
+        """A job became terminal with ``status`` (``cancelled`` included). Once per job."""
+
+    def job_seconds(self, seconds: float) -> None:
+        """A job ended ``done``, ``failed`` or ``partial``, ``seconds`` after it
+        was submitted. Once per such job; a cancelled job gets none."""
+
+
+def call_hook(hook: Callable[[*Ts], object], *args: *Ts) -> None:
+    """Call ``hook(*args)``; log and swallow anything it raises."""
+    try:
+        hook(*args)
+    except Exception:
+        log.exception("hook %s raised; ignored", getattr(hook, "__qualname__", hook))

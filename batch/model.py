@@ -1,0 +1,162 @@
+"""The values users hand to the runner and get back from it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .errors import InvalidJob
+
+__all__ = [
+    "MAX_REF_BYTES",
+    "Caller",
+    "CallerLike",
+    "Config",
+    "Job",
+    "Statistics",
+    "Target",
+    "TargetStatus",
+]
+
+#: The longest ref a target may have, in UTF-8 bytes.
+MAX_REF_BYTES = 8192
+
+
+class CallerLike(Protocol):
+    """Whoever submits jobs: anything with a non-empty ``str`` attribute ``id``.
+
+    Only ``id`` is stored; it decides whose jobs these are.
+    """
+
+    @property
+    def id(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """A ready-made caller: just an id."""
+
+    id: str
+
+    def __post_init__(self) -> None:
+        caller_id(self)
+
+
+def caller_id(caller: object) -> str:
+    """The id of ``caller``; ``TypeError`` unless it is a non-empty ``str``."""
+    cid = getattr(caller, "id", None)
+    if not isinstance(cid, str) or not cid:
+        raise TypeError(
+            f"a caller needs a non-empty str attribute 'id'; got {type(caller).__name__}"
+            f" with id={cid!r}"
+        )
+    return cid
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One thing to fetch, named by ``ref``: a non-empty string of at most
+    ``MAX_REF_BYTES`` UTF-8 bytes with no NUL. Raises ``InvalidJob`` otherwise."""
+
+    ref: str
+
+    def __post_init__(self) -> None:
+        ref = self.ref
+        if not isinstance(ref, str):
+            raise InvalidJob(f"expected a str or batch.Target, not {type(ref).__name__}")
+        if not ref:
+            raise InvalidJob("a target ref must not be empty")
+        if "\x00" in ref:
+            raise InvalidJob("a target ref must not contain NUL characters")
+        try:
+            size = len(ref.encode())
+        except UnicodeEncodeError:
+            raise InvalidJob("a target ref must be valid Unicode (no lone surrogates)") from None
+        if size > MAX_REF_BYTES:
+            raise InvalidJob(f"a target ref is {size} bytes long; the most is {MAX_REF_BYTES}")
+
+
+@dataclass(frozen=True, slots=True)
+class TargetStatus:
+    """A target as stored: ``status`` is ``pending``, ``done`` or ``failed``;
+    ``result`` is the decoded JSON of a done target."""
+
+    target: Target
+    status: str
+    result: Any = None
+    error: str | None = None
+    hint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as stored. ``status`` is ``queued`` or ``running`` while live, then
+    one of ``done``, ``failed``, ``partial``, ``cancelled`` for good. Times are
+    epoch seconds; ``targets`` are in submit order."""
+
+    id: str
+    status: str
+    created_at: float
+    updated_at: float
+    targets: list[TargetStatus]
+
+    @property
+    def terminal(self) -> bool:
+        """True once the status can no longer change."""
+        return self.status not in ("queued", "running")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """How a runner works. Times are in seconds.
+
+    - ``workers``: threads fetching at once (at least 1).
+    - ``retry_wait``: how long a busy target waits before it is tried again.
+    - ``retry_for``: how long a target may keep coming back busy before it is
+      stored ``failed``.
+    - ``max_bytes``: the stored bytes past which terminal jobs are evicted.
+    - ``max_targets``: the most targets one job may have.
+    """
+
+    workers: int = 4
+    retry_wait: float = 1.0
+    retry_for: float = 60.0
+    max_bytes: int = 256 << 20
+    max_targets: int = 1000
+
+    def __post_init__(self) -> None:
+        _check_int("workers", self.workers, 1)
+        _check_int("max_bytes", self.max_bytes, 0)
+        _check_int("max_targets", self.max_targets, 1)
+        _check_seconds("retry_wait", self.retry_wait)
+        _check_seconds("retry_for", self.retry_for)
+
+
+def _check_int(name: str, value: object, least: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"Config.{name} must be an int, not {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"Config.{name} must be at least {least}, not {value}")
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"Config.{name} must be a number of seconds, not {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"Config.{name} must be a finite number of seconds >= 0, not {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class Statistics:
+    """A snapshot of a runner, taken under its lock.
+
+    ``live``: jobs in the rotation; ``inflight``: targets being fetched;
+    ``waiting_retry``: live jobs whose next target waits out ``retry_wait``.
+    """
+
+    workers: int
+    live: int
+    inflight: int
+    waiting_retry: int
+    closed: bool

@@ -1,0 +1,335 @@
+"""``Runner``: jobs in, workers fetching their targets in turn, outcomes stored."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from itertools import islice
+from types import TracebackType
+from typing import Generic, TypeVar
+
+import store
+
+from .attempt import Outcome, attempt
+from .context import Context
+from .errors import InvalidJob, JobNotFound, RunnerClosed
+from .hooks import Hooks, call_hook
+from .model import CallerLike, Config, Job, Statistics, Target, TargetStatus, caller_id
+from .rotation import LiveJob, Rotation
+
+__all__ = ["Fetch", "Runner"]
+
+C = TypeVar("C", bound=CallerLike)
+
+#: What a runner calls for each target: ``fetch(ctx, caller, target)`` returns
+#: a JSON-serializable value, or raises ``RetryLater`` or ``TargetError``.
+Fetch = Callable[[Context, C, Target], object]
+
+
+class Runner(Generic[C]):
+    """Runs jobs (lists of targets) on worker threads, storing every outcome.
+
+    Guarantees, for every job:
+
+    1. Fairness: workers share one rotation of live jobs in submit order and
+       take the next job in it that can start a target.
+    2. Serial: a job has at most one target in flight, and its target ``i+1``
+       starts only once target ``i`` is stored.
+    3. A busy target (``RetryLater``) holds no worker: it is tried again after
+       ``retry_wait`` and stored ``failed`` once busy for over ``retry_for``.
+    4. A job becomes terminal exactly once: ``done``, ``failed`` or ``partial``
+       by its targets, or ``cancelled`` at once by :meth:`cancel`.
+    5. ``Hooks.depth``/``Hooks.inflight`` see every change of the live-job and
+       in-flight counts, in order.
+    """
+
+    def __init__(
+        self,
+        db: store.Store,
+        fetch: Fetch[C],
+        config: Config | None = None,
+        hooks: Hooks | None = None,
+    ) -> None:
+        if not isinstance(db, store.Store):
+            raise TypeError(f"db must be a store.Store, not {type(db).__name__}")
+        if not callable(fetch):
+            raise TypeError(f"fetch must be callable, not {type(fetch).__name__}")
+        self._store = db
+        self._fetch = fetch
+        self._config = config if config is not None else Config()
+        self._hooks = hooks if hooks is not None else Hooks()
+        if not isinstance(self._config, Config):
+            raise TypeError(f"config must be a batch.Config, not {type(config).__name__}")
+        if not isinstance(self._hooks, Hooks):
+            raise TypeError(f"hooks must be a batch.Hooks, not {type(hooks).__name__}")
+        self._ctx = Context()
+
+        # _lock guards everything below, the store writes that record it, and
+        # the hook calls that report it (so hooks see changes in order). It is
+        # never held while a fetch runs. _cond is notified on every change that
+        # can let a worker start a target or a waiter see its job end: submit,
+        # a target finished, cancel, close.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._rotation: Rotation[C] = Rotation()
+        self._inflight = 0
+        self._closed = False
+
+        self._threads = [
+            threading.Thread(target=self._work, name=f"batch-worker-{i}", daemon=True)
+            for i in range(self._config.workers)
+        ]
+        for t in self._threads:
+            t.start()
+
+    # -- the caller's side --------------------------------------------------
+
+    def submit(self, caller: C, targets: Iterable[str | Target]) -> str:
+        """Store a new job for ``caller`` and put it last in the rotation;
+        return its id. Raises ``InvalidJob`` for a bad target list and
+        ``RunnerClosed`` after :meth:`close`; nothing is stored then."""
+        owner = caller_id(caller)
+        job_targets = self._targets(targets)
+        job_id = uuid.uuid4().hex
+        with self._lock:
+            if self._closed:
+                raise RunnerClosed("the runner is closed; submit to a new Runner")
+            self._store.create_job(job_id, owner, [t.ref for t in job_targets])
+            self._rotation.add(LiveJob(job_id, owner, caller, job_targets, time.monotonic()))
+            call_hook(self._hooks.depth, len(self._rotation))
+            self._cond.notify_all()
+        return job_id
+
+    def _targets(self, targets: Iterable[str | Target]) -> list[Target]:
+        if isinstance(targets, str | bytes) or not isinstance(targets, Iterable):
+            raise InvalidJob(
+                f"targets must be a list of str or batch.Target, not {type(targets).__name__}"
+            )
+        most = self._config.max_targets
+        items = list(islice(targets, most + 1))
+        if not items:
+            raise InvalidJob("a job needs at least one target")
+        if len(items) > most:
+            raise InvalidJob(f"a job holds at most {most} targets (Config.max_targets)")
+        out: list[Target] = []
+        for pos, item in enumerate(items):
+            try:
+                out.append(item if isinstance(item, Target) else Target(item))
+            except InvalidJob as e:
+                raise InvalidJob(f"target {pos}: {e}") from None
+        return out
+
+    def status(self, caller: C, job_id: str) -> Job:
+        """The job as stored. Raises ``JobNotFound`` for an unknown, evicted or
+        another caller's job. Works after :meth:`close` too."""
+        row = self._store.get_job(_job_id(job_id), caller_id(caller))
+        if row is None:
+            raise JobNotFound(f"no job {job_id!r}")
+        return Job(
+            id=row.id,
+            status=row.status,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            targets=[
+                TargetStatus(
+                    Target(t.ref),
+                    t.status,
+                    None if t.result is None else json.loads(t.result),
+                    t.error,
+                    t.hint,
+                )
+                for t in row.targets
+            ],
+        )
+
+    def touch(self, caller: C, job_id: str) -> None:
+        """Mark the job as used now, so that eviction takes it last. Raises
+        ``JobNotFound`` like :meth:`status`."""
+        if not self._store.touch_job(_job_id(job_id), caller_id(caller)):
+            raise JobNotFound(f"no job {job_id!r}")
+
+    def cancel(self, caller: C, job_id: str) -> bool:
+        """Cancel a live job at once: it is ``cancelled`` when this returns. A
+        target in flight finishes and is stored; no further target starts; the
+        rest stay ``pending``. False for an unknown, another caller's or an
+        already terminal job."""
+        owner = caller_id(caller)
+        with self._lock:
+            job = self._rotation.get(_job_id(job_id))
+            if job is None or job.owner != owner or job.cancelled:
+                return False
+            self._store.set_job_status(job.id, "cancelled")
+            job.cancelled = True
+            call_hook(self._hooks.job, "cancelled")
+            if not job.running:
+                self._leave(job)
+            self._cond.notify_all()
+            return True
+
+    def wait(self, caller: C, job_id: str, timeout: float | None = None) -> Job:
+        """Block until the job is terminal and return it. Raises ``TimeoutError``
+        if ``timeout`` seconds pass first, ``JobNotFound`` like :meth:`status`,
+        and ``RunnerClosed`` if the runner closed with the job unfinished."""
+        owner = caller_id(caller)
+        job_id = _job_id(job_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while (job := self._rotation.get(job_id)) is not None and job.owner == owner:
+                if job.cancelled:
+                    break
+                if self._closed and not job.running:
+                    raise RunnerClosed(f"the runner closed before job {job_id!r} ended")
+                if deadline is None:
+                    self._cond.wait()
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError(f"job {job_id!r} did not end within {timeout}s")
+                    self._cond.wait(remaining)
+        return self.status(caller, job_id)
+
+    def statistics(self) -> Statistics:
+        """A consistent snapshot of the runner, taken under its lock."""
+        with self._lock:
+            return Statistics(
+                workers=len(self._threads),
+                live=len(self._rotation),
+                inflight=self._inflight,
+                waiting_retry=self._rotation.waiting_retry(time.monotonic()),
+                closed=self._closed,
+            )
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop: start no further target, cancel the fetch context, store what
+        the fetches in flight return, and join the workers. Pending targets
+        stay ``pending`` and their jobs stay live in the store. Idempotent.
+
+        Raises ``TimeoutError`` if workers are still in a fetch after
+        ``timeout`` seconds; calling again waits for them again.
+        """
+        with self._lock:
+            self._closed = True
+            self._ctx.cancel()
+            self._cond.notify_all()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        me = threading.current_thread()
+        for t in self._threads:
+            if t is not me:
+                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        busy = sum(t.is_alive() for t in self._threads if t is not me)
+        if busy:
+            raise TimeoutError(f"{busy} workers still in a fetch after {timeout}s")
+
+    def __enter__(self) -> Runner[C]:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        s = self.statistics()
+        state = "closed" if s.closed else "open"
+        return f"<batch.Runner {state} workers={s.workers} live={s.live} inflight={s.inflight}>"
+
+    # -- the workers' side --------------------------------------------------
+
+    def _work(self) -> None:
+        """One worker: pick a job, fetch its next target, record it; until closed."""
+        while True:
+            with self._lock:
+                job = self._pick()
+                if job is None:
+                    return
+                target = job.targets[job.next]
+            outcome = attempt(self._fetch, self._ctx, job.caller, target)
+            with self._lock:
+                self._record(job, outcome)
+
+    def _pick(self) -> LiveJob[C] | None:
+        """Wait for a job that can start a target and mark it in flight; None
+        once the runner is closed. Called with the lock held."""
+        while not self._closed:
+            now = time.monotonic()
+            job = self._rotation.pick(now)
+            if job is None:
+                # One timed wait on the earliest retry, not a timer per retry.
+                self._cond.wait(self._rotation.next_retry_in(now))
+                continue
+            if not job.started:
+                self._store.set_job_status(job.id, "running")
+                job.started = True
+            job.running = True
+            self._inflight += 1
+            call_hook(self._hooks.inflight, self._inflight)
+            return job
+        return None
+
+    def _record(self, job: LiveJob[C], outcome: Outcome) -> None:
+        """Store what one fetch of ``job``'s next target came to, and end the job
+        if that was its last. Called with the lock held."""
+        job.running = False
+        self._inflight -= 1
+        call_hook(self._hooks.inflight, self._inflight)
+        now = time.monotonic()
+        if outcome.status == "busy":
+            if job.busy_since is None:
+                job.busy_since = now
+            if now - job.busy_since <= self._config.retry_for:
+                job.retry_at = now + self._config.retry_wait
+                if job.cancelled:
+                    self._leave(job)
+                self._cond.notify_all()
+                return
+            outcome = outcome.busy_too_long(self._config.retry_for)
+        # Only a cancelled (so terminal) job can be evicted while in flight.
+        with contextlib.suppress(store.NotFound):
+            self._store.store_target(
+                job.id,
+                job.next,
+                outcome.status,
+                result=outcome.result,
+                error=outcome.error,
+                hint=outcome.hint,
+                max_bytes=self._config.max_bytes,
+            )
+        job.next += 1
+        job.busy_since = None
+        job.retry_at = 0.0
+        if outcome.status == "done":
+            job.done += 1
+        else:
+            job.failed += 1
+        call_hook(self._hooks.target, outcome.err, outcome.seconds, outcome.nbytes)
+        if job.cancelled:
+            self._leave(job)
+        elif job.next == len(job.targets):
+            self._end(job, now)
+        self._cond.notify_all()
+
+    def _end(self, job: LiveJob[C], now: float) -> None:
+        """Give a job whose last target is stored its terminal status (rule 3)."""
+        status = "done" if not job.failed else "failed" if not job.done else "partial"
+        self._store.set_job_status(job.id, status)
+        call_hook(self._hooks.job, status)
+        call_hook(self._hooks.job_seconds, now - job.created)
+        self._leave(job)
+
+    def _leave(self, job: LiveJob[C]) -> None:
+        """Take a job out of the rotation, forgetting its caller."""
+        self._rotation.remove(job)
+        call_hook(self._hooks.depth, len(self._rotation))
+
+
+def _job_id(job_id: object) -> str:
+    if not isinstance(job_id, str):
+        raise TypeError(f"a job id is a str, not {type(job_id).__name__}")
+    return job_id

@@ -1,0 +1,100 @@
+"""The connection to one store file, the lock that serialises it, and migration."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+from .errors import StoreError
+from .schema import MIGRATIONS, VERSION
+
+__all__ = ["Database", "Synchronous"]
+
+Synchronous = Literal["NORMAL", "FULL"]
+
+#: How long a statement waits for another process's write lock before failing.
+BUSY_TIMEOUT = 5.0
+
+
+class Database:
+    """One SQLite connection shared by every thread of one ``Store``.
+
+    ``_lock`` guards ``_conn`` (every statement run on it) and ``_closed``.
+    Whenever ``_lock`` is free, no transaction is open on ``_conn``: every
+    statement runs inside :meth:`transaction`, which commits or rolls back
+    before it lets go of the lock.
+    """
+
+    def __init__(self, path: str | Path, *, synchronous: Synchronous = "NORMAL") -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
+        self.path = str(path)
+        self._lock = threading.Lock()
+        self._closed = False
+        try:
+            # isolation_level=None: the module opens no transaction behind our
+            # back; transaction() says BEGIN and COMMIT itself.
+            self._conn = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open store {self.path!r}: {e}") from e
+        try:
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute(f"PRAGMA synchronous = {synchronous}")
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _migrate(self) -> None:
+        with self.transaction() as conn:
+            (version,) = conn.execute("PRAGMA user_version").fetchone()
+            if version > VERSION:
+                raise StoreError(
+                    f"store {self.path!r} has schema version {version}, newer than this "
+                    f"library's {VERSION}: upgrade the library to open it"
+                )
+            for step in MIGRATIONS[version:]:
+                for statement in step:
+                    conn.execute(statement)
+            if version != VERSION:
+                # PRAGMA takes no bound parameter; VERSION is our own int.
+                conn.execute(f"PRAGMA user_version = {VERSION:d}")
+
+    @contextlib.contextmanager
+    def transaction(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """Hold the connection for one transaction: commit on success, roll back
+        on any exception (which propagates; SQLite errors as ``StoreError``).
+
+        ``write=True`` starts with ``BEGIN IMMEDIATE``, taking the file's write
+        lock up front, so a transaction never fails half-way for want of it.
+        """
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"store {self.path!r} is closed")
+            try:
+                self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                try:
+                    yield self._conn
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    # The failed statement (or COMMIT) left the transaction
+                    # open; nothing would ever close it, so roll it back here.
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as e:
+                raise StoreError(f"store {self.path!r}: {e}") from e
+
+    def close(self) -> None:
+        """Close the connection; later transactions raise ``StoreError``. Idempotent."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._conn.close()

@@ -1,0 +1,185 @@
+"""Batch jobs and their targets: what the runner stores, and eviction.
+
+Every function takes an open transaction's connection (``Database.transaction``)
+and runs inside it; the caller owns commit and rollback. A job is always read
+with its owner: another owner's job looks exactly like a missing one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .errors import Conflict, NotFound
+from .schema import LIVE_JOB, TERMINAL_JOB
+
+__all__ = [
+    "JobRow",
+    "TargetRow",
+    "create_job",
+    "evict",
+    "get_job",
+    "set_job_status",
+    "store_target",
+    "total_bytes",
+    "touch_job",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TargetRow:
+    """One stored target. ``result`` is the JSON text as stored (or None)."""
+
+    pos: int
+    ref: str
+    status: str
+    result: str | None
+    error: str | None
+    hint: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """One stored job with its targets in submit order. Times are epoch seconds."""
+
+    id: str
+    owner: str
+    status: str
+    created_at: float
+    updated_at: float
+    touched_at: float
+    nbytes: int
+    targets: tuple[TargetRow, ...]
+
+
+def create_job(
+    conn: sqlite3.Connection, job_id: str, owner: str, refs: Sequence[str], now: float
+) -> None:
+    """Store a new job ``queued`` with every target ``pending``."""
+    conn.execute(
+        "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at)"
+        " VALUES (?, ?, 'queued', ?, ?, ?)",
+        (job_id, owner, now, now, now),
+    )
+    conn.executemany(
+        "INSERT INTO targets (job_id, pos, ref) VALUES (?, ?, ?)",
+        ((job_id, pos, ref) for pos, ref in enumerate(refs)),
+    )
+
+
+def set_job_status(conn: sqlite3.Connection, job_id: str, status: str, now: float) -> bool:
+    """Move a live job to ``status``; a terminal status also touches it.
+
+    Returns False, changing nothing, when the job is gone or already terminal:
+    a terminal status is final (a late ``running`` or ``done`` never
+    overwrites ``cancelled``).
+    """
+    if status in TERMINAL_JOB:
+        sql = "UPDATE jobs SET status = ?, updated_at = ?, touched_at = ? WHERE id = ?"
+        args: tuple[object, ...] = (status, now, now, job_id)
+    elif status in LIVE_JOB:
+        sql = "UPDATE jobs SET status = ?, updated_at = ? WHERE id = ?"
+        args = (status, now, job_id)
+    else:
+        raise ValueError(f"unknown job status {status!r}")
+    cur = conn.execute(sql + " AND status IN ('queued', 'running')", args)
+    return cur.rowcount == 1
+
+
+def store_target(
+    conn: sqlite3.Connection,
+    job_id: str,
+    pos: int,
+    status: str,
+    now: float,
+    *,
+    result: str | None = None,
+    error: str | None = None,
+    hint: str | None = None,
+) -> int:
+    """Store the outcome of a pending target; return the bytes it added to its job.
+
+    Raises ``NotFound`` when the job is gone (evicted meanwhile) and
+    ``Conflict`` when that target is no longer pending; nothing is written then.
+    """
+    if status not in ("done", "failed"):
+        raise ValueError(f"a target ends 'done' or 'failed', not {status!r}")
+    cur = conn.execute(
+        "UPDATE targets SET status = ?, result = ?, error = ?, hint = ?"
+        " WHERE job_id = ? AND pos = ? AND status = 'pending'",
+        (status, result, error, hint, job_id, pos),
+    )
+    if cur.rowcount != 1:
+        if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
+            raise NotFound(f"no job {job_id!r}")
+        raise Conflict(f"target {pos} of job {job_id!r} is not pending")
+    nbytes = sum(len(text.encode()) for text in (result, error, hint) if text is not None)
+    conn.execute(
+        "UPDATE jobs SET nbytes = nbytes + ?, updated_at = ? WHERE id = ?", (nbytes, now, job_id)
+    )
+    conn.execute("UPDATE job_bytes SET total = total + ?", (nbytes,))
+    return nbytes
+
+
+def total_bytes(conn: sqlite3.Connection) -> int:
+    """The stored bytes of every job, live and terminal."""
+    (total,) = conn.execute("SELECT total FROM job_bytes").fetchone()
+    return int(total)
+
+
+def evict(conn: sqlite3.Connection, max_bytes: int) -> list[str]:
+    """Delete terminal jobs, least recently touched first (creation order breaks
+    ties), until the stored bytes are within ``max_bytes`` or no terminal job
+    is left. Live jobs are never evicted. Returns the evicted ids, in order.
+
+    Under budget this costs one row read.
+    """
+    evicted: list[str] = []
+    total = total_bytes(conn)
+    while total > max_bytes:
+        row = conn.execute(
+            "SELECT id, nbytes FROM jobs"
+            " WHERE status IN ('done', 'failed', 'partial', 'cancelled')"
+            " ORDER BY touched_at, seq LIMIT 1"
+        ).fetchone()
+        if row is None:
+            break
+        job_id, nbytes = row
+        conn.execute("DELETE FROM targets WHERE job_id = ?", (job_id,))
+        conn.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+        total -= nbytes
+        evicted.append(job_id)
+    if evicted:
+        conn.execute("UPDATE job_bytes SET total = ?", (total,))
+    return evicted
+
+
+def get_job(conn: sqlite3.Connection, job_id: str, owner: str) -> JobRow | None:
+    """The job with its targets, or None if there is none of this owner's."""
+    row = conn.execute(
+        "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes"
+        " FROM jobs WHERE id = ? AND owner = ?",
+        (job_id, owner),
+    ).fetchone()
+    if row is None:
+        return None
+    targets = tuple(
+        TargetRow(*t)
+        for t in conn.execute(
+            "SELECT pos, ref, status, result, error, hint FROM targets"
+            " WHERE job_id = ? ORDER BY pos",
+            (job_id,),
+        )
+    )
+    job_id, owner, status, created_at, updated_at, touched_at, nbytes = row
+    return JobRow(job_id, owner, status, created_at, updated_at, touched_at, nbytes, targets)
+
+
+def touch_job(conn: sqlite3.Connection, job_id: str, owner: str, now: float) -> bool:
+    """Mark the job as just used, so eviction takes it last; False if there is
+    none of this owner's."""
+    cur = conn.execute(
+        "UPDATE jobs SET touched_at = ? WHERE id = ? AND owner = ?", (now, job_id, owner)
+    )
+    return cur.rowcount == 1
