@@ -1,0 +1,110 @@
+"""Test doubles shared by the runner tests: a recording Hooks and a scripted fetch."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import batch
+
+TIMEOUT = 10.0
+
+
+def raising(exc: BaseException) -> Callable[[batch.Context, int], Any]:
+    """An answer for ``Script.on`` that raises ``exc`` every time."""
+
+    def answer(ctx: batch.Context, n: int) -> Any:
+        raise exc
+
+    return answer
+
+
+class Recorder(batch.Hooks):
+    """Records every hook call, in order; tests wait on it instead of sleeping."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.depths: list[int] = []
+        self.inflights: list[int] = []
+        self.targets: list[tuple[BaseException | None, float, int]] = []
+        self.jobs: list[str] = []
+        self.seconds: list[float] = []
+
+    def depth(self, live: int) -> None:
+        with self._cond:
+            self.depths.append(live)
+            self._cond.notify_all()
+
+    def inflight(self, n: int) -> None:
+        with self._cond:
+            self.inflights.append(n)
+            self._cond.notify_all()
+
+    def target(self, err: BaseException | None, seconds: float, nbytes: int) -> None:
+        with self._cond:
+            self.targets.append((err, seconds, nbytes))
+            self._cond.notify_all()
+
+    def job(self, status: str) -> None:
+        with self._cond:
+            self.jobs.append(status)
+            self._cond.notify_all()
+
+    def job_seconds(self, seconds: float) -> None:
+        with self._cond:
+            self.seconds.append(seconds)
+            self._cond.notify_all()
+
+    def wait_for(self, pred: Callable[[Recorder], bool], timeout: float = TIMEOUT) -> None:
+        """Block until ``pred(self)`` holds; fail the test after ``timeout``."""
+        with self._cond:
+            assert self._cond.wait_for(lambda: pred(self), timeout), "hooks never got there"
+
+
+class Script:
+    """A fetch whose behaviour per ref is set by the test.
+
+    Every call is logged (``calls``, in start order). ``hold(ref)`` makes the
+    fetch of ``ref`` signal ``started(ref)`` and block until ``release(ref)``.
+    ``on(ref, fn)`` replaces the default answer (``{"ref": ref}``) with ``fn(ctx, n)``
+    where ``n`` counts the calls for that ref from 1.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.calls: list[str] = []
+        self._count: dict[str, int] = {}
+        self._started: dict[str, threading.Event] = {}
+        self._gates: dict[str, threading.Event] = {}
+        self._answers: dict[str, Callable[[batch.Context, int], Any]] = {}
+
+    def _event(self, table: dict[str, threading.Event], ref: str) -> threading.Event:
+        with self._lock:
+            return table.setdefault(ref, threading.Event())
+
+    def hold(self, *refs: str) -> None:
+        for ref in refs:
+            self._event(self._gates, ref).clear()
+
+    def release(self, ref: str) -> None:
+        self._event(self._gates, ref).set()
+
+    def started(self, ref: str, timeout: float = TIMEOUT) -> None:
+        assert self._event(self._started, ref).wait(timeout), f"{ref} never started"
+
+    def on(self, ref: str, fn: Callable[[batch.Context, int], Any]) -> None:
+        self._answers[ref] = fn
+
+    def __call__(self, ctx: batch.Context, caller: batch.CallerLike, target: batch.Target) -> Any:
+        ref = target.ref
+        with self._lock:
+            self.calls.append(ref)
+            n = self._count[ref] = self._count.get(ref, 0) + 1
+            gate = self._gates.get(ref)
+            started = self._started.setdefault(ref, threading.Event())
+        started.set()
+        if gate is not None:
+            assert gate.wait(TIMEOUT), f"{ref} was never released"
+        answer = self._answers.get(ref)
+        return {"ref": ref} if answer is None else answer(ctx, n)

@@ -1,0 +1,396 @@
+"""The runner's contract: rules 1-5 of the workers design, as a user sees them."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import batch
+import store
+from tests.helpers import TIMEOUT, Recorder, Script, raising
+
+pytestmark = pytest.mark.timeout(30)
+
+ALICE = batch.Caller("alice")
+BOB = batch.Caller("bob")
+
+
+@pytest.fixture(params=["file", "memory"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[store.Store]:
+    """Every runner test runs on a store file and on an in-memory store."""
+    path = tmp_path / "jobs.sqlite3" if request.param == "file" else ":memory:"
+    with store.open(path) as s:
+        yield s
+
+
+@pytest.fixture
+def script() -> Script:
+    return Script()
+
+
+@pytest.fixture
+def hooks() -> Recorder:
+    return Recorder()
+
+
+def runner(
+    db: store.Store, script: Script, hooks: batch.Hooks | None = None, **config: object
+) -> batch.Runner[batch.Caller]:
+    config.setdefault("retry_wait", 0.01)
+    return batch.Runner(db, script, batch.Config(**config), hooks)  # type: ignore[arg-type]
+
+
+def statuses(job: batch.Job) -> list[str]:
+    return [t.status for t in job.targets]
+
+
+# -- rule 1: the rotation --------------------------------------------------
+
+
+def test_round_robin_alternates_jobs_with_one_worker(db: store.Store, script: Script) -> None:
+    """With one worker, two live jobs take turns: a1 b1 a2 b2 a3 b3."""
+    script.hold("a1")
+    with runner(db, script, workers=1) as r:
+        a = r.submit(ALICE, ["a1", "a2", "a3"])
+        script.started("a1")
+        b = r.submit(BOB, ["b1", "b2", "b3"])
+        script.release("a1")
+        assert r.wait(ALICE, a, TIMEOUT).status == "done"
+        assert r.wait(BOB, b, TIMEOUT).status == "done"
+    assert script.calls == ["a1", "b1", "a2", "b2", "a3", "b3"]
+
+
+def test_newcomer_goes_next_when_only_job_is_in_flight(db: store.Store, script: Script) -> None:
+    """A job submitted while the only other job has a target in flight is next:
+    the rotation does not start over before the newcomer's turn."""
+    script.hold("a1")
+    with runner(db, script, workers=1) as r:
+        r.submit(ALICE, ["a1", "a2"])
+        script.started("a1")
+        b = r.submit(ALICE, ["b1"])
+        c = r.submit(ALICE, ["c1"])
+        script.release("a1")
+        r.wait(ALICE, c, TIMEOUT)
+        r.wait(ALICE, b, TIMEOUT)
+    assert script.calls[:4] == ["a1", "b1", "c1", "a2"]
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_each_job_is_serial_with_several_workers(
+    db: store.Store, script: Script, workers: int
+) -> None:
+    """A job's target i+1 never starts before target i is stored, whatever the
+    number of workers; the fetch itself checks the store."""
+    violations: list[str] = []
+    jobs: dict[str, str] = {}
+    r = runner(db, script, workers=workers)
+
+    def check(ctx: batch.Context, n: int, ref: str) -> object:
+        name, i = ref.split("-")
+        if int(i) > 0:
+            job = r.status(ALICE, jobs[name])
+            if job.targets[int(i) - 1].status == "pending":
+                violations.append(ref)
+        return ref
+
+    refs = {name: [f"{name}-{i}" for i in range(15)] for name in "abcd"}
+    for name_refs in refs.values():
+        for ref in name_refs:
+            script.on(ref, lambda ctx, n, ref=ref: check(ctx, n, ref))
+    with r:
+        for name, name_refs in refs.items():
+            jobs[name] = r.submit(ALICE, name_refs)
+        for job_id in jobs.values():
+            assert r.wait(ALICE, job_id, TIMEOUT).status == "done"
+    assert violations == []
+
+
+def test_job_not_reached_stays_queued(db: store.Store, script: Script) -> None:
+    """A job no worker has reached yet is ``queued``; it becomes ``running``
+    with its first target."""
+    script.hold("a1")
+    with runner(db, script, workers=1) as r:
+        a = r.submit(ALICE, ["a1"])
+        script.started("a1")
+        b = r.submit(ALICE, ["b1"])
+        assert r.status(ALICE, a).status == "running"
+        assert r.status(ALICE, b).status == "queued"
+        script.release("a1")
+        assert r.wait(ALICE, b, TIMEOUT).status == "done"
+
+
+# -- rule 2: one target ----------------------------------------------------
+
+
+def test_busy_target_is_retried_after_retry_wait(
+    db: store.Store, script: Script, hooks: Recorder
+) -> None:
+    """A target that raises RetryLater stays pending and is fetched again no
+    sooner than retry_wait later; busy attempts are not stored."""
+    starts: list[float] = []
+
+    def busy_twice(ctx: batch.Context, n: int) -> object:
+        starts.append(time.monotonic())
+        if n <= 2:
+            raise batch.RetryLater("upstream busy")
+        return "ok"
+
+    script.on("x", busy_twice)
+    with runner(db, script, hooks, workers=2, retry_wait=0.05) as r:
+        job = r.wait(ALICE, r.submit(ALICE, ["x"]), TIMEOUT)
+    assert job.status == "done"
+    assert job.targets[0].result == "ok"
+    assert [b - a >= 0.05 for a, b in itertools.pairwise(starts)] == [True, True]
+    assert len(hooks.targets) == 1
+
+
+def test_busy_target_holds_no_worker(db: store.Store, script: Script) -> None:
+    """With one worker, another job runs to the end while a busy target waits."""
+    b_ended = threading.Event()
+
+    def busy_until_b_ends(ctx: batch.Context, n: int) -> object:
+        if not b_ended.is_set():
+            raise batch.RetryLater("busy")
+        return n
+
+    script.on("a1", busy_until_b_ends)
+    with runner(db, script, workers=1, retry_wait=0.001, retry_for=60) as r:
+        a = r.submit(ALICE, ["a1"])
+        b = r.submit(ALICE, ["b1", "b2", "b3"])
+        assert r.wait(ALICE, b, TIMEOUT).status == "done"
+        assert statuses(r.status(ALICE, a)) == ["pending"]
+        b_ended.set()
+        assert r.wait(ALICE, a, TIMEOUT).status == "done"
+
+
+def test_busy_for_longer_than_retry_for_is_stored_failed(db: store.Store, script: Script) -> None:
+    """A target still busy after retry_for is stored failed with the busy
+    error's text, and the job ends by rule 3."""
+    script.on("x", raising(batch.RetryLater("rate limited")))
+    with runner(db, script, workers=1, retry_wait=0.01, retry_for=0.05) as r:
+        job = r.wait(ALICE, r.submit(ALICE, ["x", "y"]), TIMEOUT)
+    assert job.status == "partial"
+    failed = job.targets[0]
+    assert (failed.status, failed.error) == ("failed", "rate limited")
+    assert failed.hint is not None and "retry" in failed.hint
+    assert script.calls.count("x") >= 2
+
+
+def test_retry_later_is_found_in_the_exception_chain(db: store.Store, script: Script) -> None:
+    """A RetryLater wrapped by another exception (raise ... from) still means busy."""
+
+    def wrapped(ctx: batch.Context, n: int) -> object:
+        if n == 1:
+            try:
+                raise batch.RetryLater("busy")
+            except batch.RetryLater as e:
+                raise ConnectionError("wrapped") from e
+        return "second try"
+
+    script.on("x", wrapped)
+    with runner(db, script, workers=1) as r:
+        job = r.wait(ALICE, r.submit(ALICE, ["x"]), TIMEOUT)
+    assert (job.status, job.targets[0].result) == ("done", "second try")
+
+
+def test_unexpected_exception_is_stored_as_internal_error(
+    db: store.Store, script: Script, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fetch that raises anything else stores ``internal error``, never the
+    exception's text, which goes to the log."""
+
+    def leak(ctx: batch.Context, n: int) -> object:
+        raise RuntimeError("password=hunter2")
+
+    script.on("x", leak)
+    with caplog.at_level(logging.ERROR, logger="batch"), runner(db, script) as r:
+        job = r.wait(ALICE, r.submit(ALICE, ["x"]), TIMEOUT)
+    t = job.targets[0]
+    assert (job.status, t.status, t.error, t.hint, t.result) == (
+        "failed",
+        "failed",
+        "internal error",
+        None,
+        None,
+    )
+    assert "hunter2" in caplog.text
+    with store.open(db.path) if db.path != ":memory:" else db as check:
+        row = check.get_job(job.id, "alice")
+        assert row is not None and "hunter2" not in repr(row)
+
+
+def test_target_error_message_and_hint_are_stored(db: store.Store, script: Script) -> None:
+    """TargetError's message and hint are stored with the failed target."""
+
+    def missing(ctx: batch.Context, n: int) -> object:
+        raise batch.TargetError("no such document", hint="check the id")
+
+    script.on("x", missing)
+    with runner(db, script) as r:
+        job = r.wait(ALICE, r.submit(ALICE, ["x"]), TIMEOUT)
+    t = job.targets[0]
+    assert (t.status, t.error, t.hint) == ("failed", "no such document", "check the id")
+
+
+@pytest.mark.parametrize("value", [{1, 2}, float("nan"), object()])
+def test_result_that_is_not_json_is_stored_failed(
+    db: store.Store, script: Script, value: object
+) -> None:
+    """A result that JSON cannot hold is stored failed with an error that says so."""
+    script.on("x", lambda ctx, n: value)
+    with runner(db, script) as r:
+        job = r.wait(ALICE, r.submit(ALICE, ["x"]), TIMEOUT)
+    t = job.targets[0]
+    assert t.status == "failed"
+    assert t.error is not None and "JSON" in t.error
+
+
+# -- rule 3: the terminal status -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fails", "status"),
+    [((), "done"), (("t0", "t1", "t2"), "failed"), (("t1",), "partial")],
+)
+def test_terminal_status_follows_the_targets(
+    db: store.Store, script: Script, hooks: Recorder, fails: tuple[str, ...], status: str
+) -> None:
+    """All done -> done; all failed -> failed; a mix -> partial; the job and
+    job_seconds hooks are called once."""
+    for ref in fails:
+        script.on(ref, raising(batch.TargetError("no")))
+    with runner(db, script, hooks) as r:
+        job = r.wait(ALICE, r.submit(ALICE, ["t0", "t1", "t2"]), TIMEOUT)
+        hooks.wait_for(lambda h: len(h.seconds) == 1)
+    assert job.status == status
+    assert hooks.jobs == [status]
+    assert len(hooks.seconds) == 1 and hooks.seconds[0] >= 0
+    assert [t.target.ref for t in job.targets] == ["t0", "t1", "t2"]
+
+
+# -- rule 4: cancel --------------------------------------------------------
+
+
+def test_cancel_of_a_queued_job(db: store.Store, script: Script, hooks: Recorder) -> None:
+    """A job cancelled before any target ran is cancelled at once, all its
+    targets pending, and never starts."""
+    script.hold("a1")
+    with runner(db, script, hooks, workers=1) as r:
+        a = r.submit(ALICE, ["a1"])
+        script.started("a1")
+        b = r.submit(BOB, ["b1", "b2"])
+        assert r.cancel(BOB, b) is True
+        assert r.status(BOB, b).status == "cancelled"
+        script.release("a1")
+        r.wait(ALICE, a, TIMEOUT)
+        hooks.wait_for(lambda h: h.depths[-1:] == [0])
+    assert statuses(r.status(BOB, b)) == ["pending", "pending"]
+    assert "b1" not in script.calls
+    assert sorted(hooks.jobs) == ["cancelled", "done"]
+    assert len(hooks.seconds) == 1
+
+
+def test_cancel_with_a_target_in_flight(db: store.Store, script: Script, hooks: Recorder) -> None:
+    """Cancel takes effect at once; the target in flight finishes and is
+    stored; the status stays cancelled; later targets stay pending."""
+    script.hold("a1")
+    with runner(db, script, hooks, workers=2) as r:
+        a = r.submit(ALICE, ["a1", "a2", "a3"])
+        script.started("a1")
+        assert r.cancel(ALICE, a) is True
+        assert r.status(ALICE, a).status == "cancelled"
+        assert r.wait(ALICE, a, TIMEOUT).status == "cancelled"
+        assert r.cancel(ALICE, a) is False
+        script.release("a1")
+        hooks.wait_for(lambda h: len(h.targets) == 1 and h.depths[-1:] == [0])
+        job = r.status(ALICE, a)
+    assert job.status == "cancelled"
+    assert statuses(job) == ["done", "pending", "pending"]
+    assert script.calls == ["a1"]
+    assert hooks.jobs == ["cancelled"]
+    assert hooks.seconds == []
+
+
+def test_cancel_returns_false_for_unknown_foreign_and_terminal_jobs(
+    db: store.Store, script: Script
+) -> None:
+    with runner(db, script) as r:
+        a = r.submit(ALICE, ["a1"])
+        r.wait(ALICE, a, TIMEOUT)
+        b = r.submit(ALICE, ["b1"])
+        assert r.cancel(ALICE, "no-such-job") is False
+        assert r.cancel(BOB, b) is False
+        assert r.cancel(ALICE, a) is False
+        assert r.wait(ALICE, b, TIMEOUT).status == "done"
+
+
+# -- rule 5: the gauges ----------------------------------------------------
+
+
+def test_depth_and_inflight_see_every_change(
+    db: store.Store, script: Script, hooks: Recorder
+) -> None:
+    """depth gets the live-job count and inflight the in-flight count on every change."""
+    script.hold("a1")
+    with runner(db, script, hooks, workers=1) as r:
+        a = r.submit(ALICE, ["a1", "a2"])
+        script.started("a1")
+        b = r.submit(ALICE, ["b1", "b2"])
+        script.release("a1")
+        r.wait(ALICE, a, TIMEOUT)
+        r.wait(ALICE, b, TIMEOUT)
+        hooks.wait_for(lambda h: h.depths[-1:] == [0])
+    assert hooks.depths == [1, 2, 1, 0]
+    assert hooks.inflights == [1, 0] * 4
+    assert hooks.jobs == ["done", "done"]
+
+
+def test_a_hook_that_raises_changes_nothing(
+    db: store.Store, script: Script, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every hook raising: logged, and the jobs still end as they should."""
+
+    class Broken(batch.Hooks):
+        def depth(self, live: int) -> None:
+            raise ValueError("depth")
+
+        def inflight(self, n: int) -> None:
+            raise ValueError("inflight")
+
+        def target(self, err: BaseException | None, seconds: float, nbytes: int) -> None:
+            raise ValueError("target")
+
+        def job(self, status: str) -> None:
+            raise ValueError("job")
+
+        def job_seconds(self, seconds: float) -> None:
+            raise ValueError("job_seconds")
+
+    with caplog.at_level(logging.ERROR, logger="batch"), runner(db, script, Broken()) as r:
+        ids = [r.submit(ALICE, ["x", "y"]) for _ in range(3)]
+        assert [r.wait(ALICE, i, TIMEOUT).status for i in ids] == ["done"] * 3
+        assert r.cancel(ALICE, r.submit(ALICE, ["z"])) in (True, False)
+    assert "hook" in caplog.text
+
+
+def test_statistics_is_a_snapshot(db: store.Store, script: Script, hooks: Recorder) -> None:
+    """statistics() counts live jobs, targets in flight and jobs waiting on a retry."""
+    script.hold("a1")
+    script.on("b1", raising(batch.RetryLater("busy")))
+    with runner(db, script, hooks, workers=2, retry_wait=60, retry_for=600) as r:
+        r.submit(ALICE, ["a1"])
+        script.started("a1")
+        r.submit(ALICE, ["b1"])
+        hooks.wait_for(lambda h: h.inflights == [1, 2, 1])  # b1 came back busy
+        stats = r.statistics()
+        with pytest.raises(AttributeError):
+            stats.live = 0  # type: ignore[misc]
+        script.release("a1")
+    assert stats == batch.Statistics(workers=2, live=2, inflight=1, waiting_retry=1, closed=False)
+    assert r.statistics().closed is True

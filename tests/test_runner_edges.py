@@ -1,0 +1,254 @@
+"""The runner's edges: close, eviction, ownership and bad input."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+import batch
+import store
+from tests.helpers import TIMEOUT, Recorder, Script
+
+pytestmark = pytest.mark.timeout(30)
+
+ALICE = batch.Caller("alice")
+BOB = batch.Caller("bob")
+
+
+def runner(
+    db: store.Store, fetch: object, hooks: batch.Hooks | None = None, **config: object
+) -> batch.Runner[batch.Caller]:
+    config.setdefault("retry_wait", 0.01)
+    return batch.Runner(db, fetch, batch.Config(**config), hooks)  # type: ignore[arg-type]
+
+
+# -- close -----------------------------------------------------------------
+
+
+def test_close_cancels_a_fetch_waiting_on_its_context(db: store.Store) -> None:
+    """close() cancels the context a fetch waits on, stores what that fetch
+    returns, starts nothing more, and leaves the rest pending and live."""
+    started = threading.Event()
+
+    def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
+        if target.ref == "slow":
+            started.set()
+            return {"cancelled": ctx.wait(TIMEOUT)}
+        return "fast"
+
+    r = runner(db, fetch, workers=1)
+    job_id = r.submit(ALICE, ["slow", "next"])
+    assert started.wait(TIMEOUT)
+    r.close()
+    job = r.status(ALICE, job_id)
+    assert job.status == "running"
+    assert [(t.status, t.result) for t in job.targets] == [
+        ("done", {"cancelled": True}),
+        ("pending", None),
+    ]
+    r.close()  # idempotent
+    with pytest.raises(batch.RunnerClosed):
+        r.submit(ALICE, ["x"])
+    with pytest.raises(batch.RunnerClosed):
+        r.wait(ALICE, job_id, TIMEOUT)
+    assert r.statistics() == batch.Statistics(
+        workers=1, live=1, inflight=0, waiting_retry=0, closed=True
+    )
+
+
+def test_close_ends_a_job_whose_last_target_was_in_flight(db: store.Store) -> None:
+    """A job whose last target returns during close still ends by rule 3, and
+    a waiter sees it end."""
+    started = threading.Event()
+
+    def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
+        started.set()
+        ctx.wait(TIMEOUT)
+        return "late"
+
+    r = runner(db, fetch, workers=1)
+    job_id = r.submit(ALICE, ["only"])
+    assert started.wait(TIMEOUT)
+    r.close()
+    assert r.wait(ALICE, job_id, TIMEOUT).status == "done"
+
+
+def test_close_with_a_timeout_reports_a_stuck_fetch(db: store.Store) -> None:
+    """close(timeout) raises TimeoutError while a fetch ignores its context;
+    a later close() waits for it."""
+    release = threading.Event()
+    started = threading.Event()
+
+    def stubborn(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
+        started.set()
+        release.wait(TIMEOUT)
+        return None
+
+    r = runner(db, stubborn, workers=1)
+    r.submit(ALICE, ["x"])
+    assert started.wait(TIMEOUT)
+    with pytest.raises(TimeoutError):
+        r.close(timeout=0.01)
+    release.set()
+    r.close()
+
+
+def test_wait_times_out(db: store.Store) -> None:
+    script = Script()
+    script.hold("x")
+    with runner(db, script) as r:
+        job_id = r.submit(ALICE, ["x"])
+        with pytest.raises(TimeoutError):
+            r.wait(ALICE, job_id, timeout=0.01)
+        script.release("x")
+        assert r.wait(ALICE, job_id, TIMEOUT).status == "done"
+
+
+# -- eviction --------------------------------------------------------------
+
+
+def test_eviction_removes_oldest_terminal_jobs_and_keeps_live_ones(db: store.Store) -> None:
+    """Past max_bytes, the least recently touched terminal jobs go first; a
+    live job is never evicted; touch moves a job to the back of the line."""
+    script = Script()
+    with runner(db, script, workers=1, max_bytes=40) as r:
+        old = r.submit(ALICE, ["old"])  # result {"ref":"old"}: 13 bytes
+        r.wait(ALICE, old, TIMEOUT)
+        kept = r.submit(ALICE, ["kept"])
+        r.wait(ALICE, kept, TIMEOUT)
+        r.touch(ALICE, old)  # now "kept" is the least recently touched
+        script.hold("live-1")
+        live = r.submit(ALICE, ["live-0", "live-1"])
+        script.started("live-1")  # live-0 stored: 13 + 14 + 16 bytes -> evict one
+        with pytest.raises(batch.JobNotFound):
+            r.status(ALICE, kept)
+        assert r.status(ALICE, old).status == "done"
+        script.release("live-1")
+        assert r.wait(ALICE, live, TIMEOUT).status == "done"  # live-1: 45 bytes -> evict old
+        with pytest.raises(batch.JobNotFound):
+            r.status(ALICE, old)
+    assert db.total_bytes() == 32
+
+
+def test_live_jobs_survive_a_budget_they_alone_exceed(db: store.Store) -> None:
+    script = Script()
+    script.hold("b")
+    with runner(db, script, workers=1, max_bytes=0) as r:
+        job_id = r.submit(ALICE, ["a", "b"])
+        script.started("b")
+        assert r.status(ALICE, job_id).targets[0].status == "done"
+        script.release("b")
+        r.wait(ALICE, job_id, TIMEOUT)
+
+
+# -- ownership -------------------------------------------------------------
+
+
+def test_another_callers_job_looks_unknown(db: store.Store) -> None:
+    """Status, touch and wait on another caller's job raise the same error, with
+    the same message, as on an id that does not exist."""
+    with runner(db, Script()) as r:
+        job_id = r.submit(ALICE, ["x"])
+        r.wait(ALICE, job_id, TIMEOUT)
+        for call in (r.status, r.touch, r.wait):
+            with pytest.raises(batch.JobNotFound) as foreign:
+                call(BOB, job_id)
+            with pytest.raises(batch.JobNotFound) as unknown:
+                call(BOB, "0" * 32)
+            assert str(foreign.value) == str(unknown.value).replace("0" * 32, job_id)
+        assert isinstance(foreign.value, LookupError)
+
+
+# -- bad input -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("targets", "message"),
+    [
+        ([], "at least one target"),
+        ("doc-1", "list of str"),
+        (42, "list of str"),
+        (["ok", 7], "target 1: expected a str or batch.Target, not int"),
+        (["ok", ""], "target 1: a target ref must not be empty"),
+        (["a\x00b"], "NUL"),
+        (["\udcff"], "surrogates"),
+        (["x" * 9000], "bytes long"),
+        ([f"t{i}" for i in range(11)], "at most 10 targets"),
+        ((f"t{i}" for i in range(10**9)), "at most 10 targets"),
+    ],
+)
+def test_bad_target_lists_are_refused_and_store_nothing(
+    db: store.Store, targets: object, message: str
+) -> None:
+    hooks = Recorder()
+    with runner(db, Script(), hooks, max_targets=10) as r:
+        with pytest.raises(batch.InvalidJob, match=message) as e:
+            r.submit(ALICE, targets)  # type: ignore[arg-type]
+        assert isinstance(e.value, ValueError)
+        assert r.statistics().live == 0
+    assert hooks.depths == []
+    assert db.total_bytes() == 0
+
+
+@pytest.mark.parametrize("caller", [object(), batch.Caller.__new__(batch.Caller), 5])
+def test_a_caller_needs_a_string_id(db: store.Store, caller: object) -> None:
+    with runner(db, Script()) as r, pytest.raises(TypeError, match="non-empty str attribute 'id'"):
+        r.submit(caller, ["x"])  # type: ignore[arg-type]
+
+
+def test_caller_with_empty_id_is_refused() -> None:
+    with pytest.raises(TypeError, match="non-empty"):
+        batch.Caller("")
+
+
+def test_job_id_must_be_a_string(db: store.Store) -> None:
+    with runner(db, Script()) as r, pytest.raises(TypeError, match="job id is a str"):
+        r.status(ALICE, 12)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("workers", 0, ValueError),
+        ("workers", 1.5, TypeError),
+        ("workers", True, TypeError),
+        ("retry_wait", -1, ValueError),
+        ("retry_for", float("inf"), ValueError),
+        ("retry_wait", "1", TypeError),
+        ("max_bytes", -1, ValueError),
+        ("max_targets", 0, ValueError),
+    ],
+)
+def test_config_is_validated(field: str, value: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match=rf"Config\.{field}"):
+        batch.Config(**{field: value})  # type: ignore[arg-type]
+
+
+def test_runner_refuses_what_is_not_a_store_or_a_fetch(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"store\.Store"):
+        batch.Runner("jobs.sqlite3", Script())  # type: ignore[arg-type]
+    with store.open(tmp_path / "s.sqlite3") as db, pytest.raises(TypeError, match="callable"):
+        batch.Runner(db, "fetch")  # type: ignore[arg-type]
+
+
+def test_readme_example_runs_to_done(tmp_path: Path) -> None:
+    """The shape of the README's example: submit, status, touch, wait."""
+
+    def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
+        return {"ref": target.ref, "size": len(target.ref)}
+
+    with (
+        store.open(tmp_path / "jobs.sqlite3") as db,
+        batch.Runner(db, fetch, batch.Config(workers=4), hooks=batch.Hooks()) as r,
+    ):
+        job_id = r.submit(ALICE, ["doc-1", batch.Target("doc-2")])
+        r.status(ALICE, job_id)
+        r.touch(ALICE, job_id)
+        job = r.wait(ALICE, job_id, timeout=TIMEOUT)
+    assert job.status == "done"
+    assert [t.result for t in job.targets] == [
+        {"ref": "doc-1", "size": 5},
+        {"ref": "doc-2", "size": 5},
+    ]
