@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -190,7 +189,13 @@ class Runner(Generic[C]):
                     if remaining <= 0:
                         raise TimeoutError(f"job {job_id!r} did not end within {timeout}s")
                     self._cond.wait(remaining)
-        return self.status(caller, job_id)
+        stored = self.status(caller, job_id)
+        if not stored.terminal:
+            raise RunnerClosed(
+                f"job {job_id!r} was left unfinished by a runner that closed;"
+                " no runner is working on it"
+            )
+        return stored
 
     def statistics(self) -> Statistics:
         """A consistent snapshot of the runner, taken under its lock."""
@@ -243,16 +248,23 @@ class Runner(Generic[C]):
     # -- the workers' side --------------------------------------------------
 
     def _work(self) -> None:
-        """One worker: pick a job, fetch its next target, record it; until closed."""
-        while True:
-            with self._lock:
-                job = self._pick()
-                if job is None:
-                    return
-                target = job.targets[job.next]
-            outcome = attempt(self._fetch, self._ctx, job.caller, target)
-            with self._lock:
-                self._record(job, outcome)
+        """One worker's thread: run targets until the runner closes."""
+        while self._run_one():
+            pass
+
+    def _run_one(self) -> bool:
+        """Pick a job, fetch its next target, record the outcome; False once
+        closed. Its own function so that nothing of a finished job (its
+        caller above all) outlives the turn in a local variable."""
+        with self._lock:
+            job = self._pick()
+            if job is None:
+                return False
+            target = job.targets[job.next]
+        outcome = attempt(self._fetch, self._ctx, job.caller, target)
+        with self._lock:
+            self._record(job, outcome)
+        return True
 
     def _pick(self) -> LiveJob[C] | None:
         """Wait for a job that can start a target and mark it in flight; None
@@ -290,8 +302,7 @@ class Runner(Generic[C]):
                 self._cond.notify_all()
                 return
             outcome = outcome.busy_too_long(self._config.retry_for)
-        # Only a cancelled (so terminal) job can be evicted while in flight.
-        with contextlib.suppress(store.NotFound):
+        try:
             self._store.store_target(
                 job.id,
                 job.next,
@@ -301,6 +312,12 @@ class Runner(Generic[C]):
                 hint=outcome.hint,
                 max_bytes=self._config.max_bytes,
             )
+        except store.NotFound:
+            # The job was cancelled (so terminal) and then evicted while this
+            # target was in flight: there is nothing left to store it in.
+            self._leave(job)
+            self._cond.notify_all()
+            return
         job.next += 1
         job.busy_since = None
         job.retry_at = 0.0
