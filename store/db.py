@@ -44,10 +44,15 @@ class Database:
         except sqlite3.Error as e:
             raise StoreError(f"cannot open store {self.path!r}: {e}") from e
         try:
+            # sqlite3.connect reads nothing: these are the first statements to
+            # find out that the file is not a database, or cannot be written.
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute(f"PRAGMA synchronous = {synchronous}")
             self._conn.execute("PRAGMA foreign_keys = ON")
             self._migrate()
+        except sqlite3.Error as e:
+            self._conn.close()
+            raise StoreError(f"cannot open store {self.path!r}: {e}") from e
         except BaseException:
             self._conn.close()
             raise
