@@ -71,6 +71,13 @@ def attempt(
     seconds = time.monotonic() - start
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        if not text.isascii():
+            try:
+                text.encode()
+            except UnicodeEncodeError:
+                # A lone surrogate: valid in a str, not in UTF-8. Escaped, it
+                # is stored and decoded back to the very same value.
+                text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
         return Outcome(
             "failed",
@@ -83,13 +90,20 @@ def attempt(
 
 
 def _failure(exc: BaseException, seconds: float, target: Target) -> Outcome:
+    if isinstance(exc, TargetError):
+        hint = None if exc.hint is None else _text(exc.hint)
+        return Outcome("failed", seconds, error=_text(exc.msg), hint=hint, err=exc)
     busy = _retry_later(exc)
     if busy is not None:
-        return Outcome("busy", seconds, error=str(busy) or "upstream busy", err=exc)
-    if isinstance(exc, TargetError):
-        return Outcome("failed", seconds, error=str(exc.msg), hint=exc.hint, err=exc)
+        return Outcome("busy", seconds, error=_text(busy) or "upstream busy", err=exc)
     log.error("fetch of %r raised; stored as %r", target.ref, INTERNAL_ERROR, exc_info=exc)
     return Outcome("failed", seconds, error=INTERNAL_ERROR, err=exc)
+
+
+def _text(value: object) -> str:
+    """``str(value)`` made storable: what UTF-8 cannot hold (a lone surrogate)
+    is written as a backslash escape."""
+    return str(value).encode("utf-8", "backslashreplace").decode()
 
 
 def _retry_later(exc: BaseException) -> RetryLater | None:

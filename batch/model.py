@@ -46,12 +46,21 @@ class Caller:
 def caller_id(caller: object) -> str:
     """The id of ``caller``; ``TypeError`` unless it is a non-empty ``str``."""
     cid = getattr(caller, "id", None)
-    if not isinstance(cid, str) or not cid:
+    if not isinstance(cid, str) or not cid or not _utf8(cid):
         raise TypeError(
             f"a caller needs a non-empty str attribute 'id'; got {type(caller).__name__}"
             f" with id={cid!r}"
         )
     return cid
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` can be stored: no lone surrogate."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +78,9 @@ class Target:
             raise InvalidJob("a target ref must not be empty")
         if "\x00" in ref:
             raise InvalidJob("a target ref must not contain NUL characters")
-        try:
-            size = len(ref.encode())
-        except UnicodeEncodeError:
-            raise InvalidJob("a target ref must be valid Unicode (no lone surrogates)") from None
+        if not _utf8(ref):
+            raise InvalidJob("a target ref must be valid Unicode (no lone surrogates)")
+        size = len(ref.encode())
         if size > MAX_REF_BYTES:
             raise InvalidJob(f"a target ref is {size} bytes long; the most is {MAX_REF_BYTES}")
 
@@ -151,7 +159,8 @@ def _check_seconds(name: str, value: object) -> None:
 class Statistics:
     """A snapshot of a runner, taken under its lock.
 
-    ``live``: jobs in the rotation; ``inflight``: targets being fetched;
+    ``workers``: worker threads running (0 once closed); ``live``: jobs in
+    the rotation; ``inflight``: targets being fetched;
     ``waiting_retry``: live jobs whose next target waits out ``retry_wait``.
     """
 

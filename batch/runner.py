@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
 import threading
 import time
 import uuid
@@ -21,6 +23,8 @@ from .model import CallerLike, Config, Job, Statistics, Target, TargetStatus, ca
 from .rotation import LiveJob, Rotation
 
 __all__ = ["Fetch", "Runner"]
+
+log = logging.getLogger("batch")
 
 C = TypeVar("C", bound=CallerLike)
 
@@ -125,7 +129,7 @@ class Runner(Generic[C]):
     def status(self, caller: C, job_id: str) -> Job:
         """The job as stored. Raises ``JobNotFound`` for an unknown, evicted or
         another caller's job. Works after :meth:`close` too."""
-        row = self._store.get_job(_job_id(job_id), caller_id(caller))
+        row = self._store.get_job(_stored_id(job_id), caller_id(caller))
         if row is None:
             raise JobNotFound(f"no job {job_id!r}")
         return Job(
@@ -148,7 +152,7 @@ class Runner(Generic[C]):
     def touch(self, caller: C, job_id: str) -> None:
         """Mark the job as used now, so that eviction takes it last. Raises
         ``JobNotFound`` like :meth:`status`."""
-        if not self._store.touch_job(_job_id(job_id), caller_id(caller)):
+        if not self._store.touch_job(_stored_id(job_id), caller_id(caller)):
             raise JobNotFound(f"no job {job_id!r}")
 
     def cancel(self, caller: C, job_id: str) -> bool:
@@ -175,20 +179,17 @@ class Runner(Generic[C]):
         and ``RunnerClosed`` if the runner closed with the job unfinished."""
         owner = caller_id(caller)
         job_id = _job_id(job_id)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _deadline(timeout)
         with self._lock:
             while (job := self._rotation.get(job_id)) is not None and job.owner == owner:
                 if job.cancelled:
                     break
                 if self._closed and not job.running:
                     raise RunnerClosed(f"the runner closed before job {job_id!r} ended")
-                if deadline is None:
-                    self._cond.wait()
-                else:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise TimeoutError(f"job {job_id!r} did not end within {timeout}s")
-                    self._cond.wait(remaining)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"job {job_id!r} did not end within {timeout}s")
+                self._cond.wait(min(remaining, threading.TIMEOUT_MAX))
         stored = self.status(caller, job_id)
         if not stored.terminal:
             raise RunnerClosed(
@@ -201,7 +202,7 @@ class Runner(Generic[C]):
         """A consistent snapshot of the runner, taken under its lock."""
         with self._lock:
             return Statistics(
-                workers=len(self._threads),
+                workers=sum(t.is_alive() for t in self._threads),
                 live=len(self._rotation),
                 inflight=self._inflight,
                 waiting_retry=self._rotation.waiting_retry(time.monotonic()),
@@ -220,11 +221,11 @@ class Runner(Generic[C]):
             self._closed = True
             self._ctx.cancel()
             self._cond.notify_all()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _deadline(timeout)
         me = threading.current_thread()
         for t in self._threads:
             if t is not me:
-                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                t.join(min(max(0.0, deadline - time.monotonic()), threading.TIMEOUT_MAX))
         busy = sum(t.is_alive() for t in self._threads if t is not me)
         if busy:
             raise TimeoutError(f"{busy} workers still in a fetch after {timeout}s")
@@ -277,7 +278,12 @@ class Runner(Generic[C]):
                 self._cond.wait(self._rotation.next_retry_in(now))
                 continue
             if not job.started:
-                self._store.set_job_status(job.id, "running")
+                try:
+                    self._store.set_job_status(job.id, "running")
+                except store.StoreError:
+                    log.exception("cannot mark job %s running; trying again later", job.id)
+                    job.retry_at = now + self._config.retry_wait
+                    continue
                 job.started = True
             job.running = True
             self._inflight += 1
@@ -286,12 +292,13 @@ class Runner(Generic[C]):
         return None
 
     def _record(self, job: LiveJob[C], outcome: Outcome) -> None:
-        """Store what one fetch of ``job``'s next target came to, and end the job
-        if that was its last. Called with the lock held."""
+        """Store what one fetch of ``job``'s next target came to, ending the job
+        if that was its last (rule 3). Called with the lock held."""
         job.running = False
         self._inflight -= 1
         call_hook(self._hooks.inflight, self._inflight)
         now = time.monotonic()
+        self._cond.notify_all()
         if outcome.status == "busy":
             if job.busy_since is None:
                 job.busy_since = now
@@ -299,10 +306,17 @@ class Runner(Generic[C]):
                 job.retry_at = now + self._config.retry_wait
                 if job.cancelled:
                     self._leave(job)
-                self._cond.notify_all()
                 return
             outcome = outcome.busy_too_long(self._config.retry_for)
+        done, failed = (
+            job.done + (outcome.status == "done"),
+            job.failed + (outcome.status != "done"),
+        )
+        last = not job.cancelled and job.next + 1 == len(job.targets)
+        end = ("done" if not failed else "failed" if not done else "partial") if last else None
         try:
+            # The job's terminal status goes in the same transaction as its
+            # last target, after eviction (which so never takes this job).
             self._store.store_target(
                 job.id,
                 job.next,
@@ -311,34 +325,29 @@ class Runner(Generic[C]):
                 error=outcome.error,
                 hint=outcome.hint,
                 max_bytes=self._config.max_bytes,
+                job_status=end,
             )
         except store.NotFound:
             # The job was cancelled (so terminal) and then evicted while this
             # target was in flight: there is nothing left to store it in.
             self._leave(job)
-            self._cond.notify_all()
+            return
+        except store.StoreError:
+            # Nothing was written: memory and disk both still have the target
+            # pending, and it is fetched again after retry_wait.
+            log.exception("cannot store target %d of job %s; fetching it again", job.next, job.id)
+            job.retry_at = now + self._config.retry_wait
             return
         job.next += 1
+        job.done, job.failed = done, failed
         job.busy_since = None
         job.retry_at = 0.0
-        if outcome.status == "done":
-            job.done += 1
-        else:
-            job.failed += 1
         call_hook(self._hooks.target, outcome.err, outcome.seconds, outcome.nbytes)
-        if job.cancelled:
+        if end is not None:
+            call_hook(self._hooks.job, end)
+            call_hook(self._hooks.job_seconds, now - job.created)
+        if end is not None or job.cancelled:
             self._leave(job)
-        elif job.next == len(job.targets):
-            self._end(job, now)
-        self._cond.notify_all()
-
-    def _end(self, job: LiveJob[C], now: float) -> None:
-        """Give a job whose last target is stored its terminal status (rule 3)."""
-        status = "done" if not job.failed else "failed" if not job.done else "partial"
-        self._store.set_job_status(job.id, status)
-        call_hook(self._hooks.job, status)
-        call_hook(self._hooks.job_seconds, now - job.created)
-        self._leave(job)
 
     def _leave(self, job: LiveJob[C]) -> None:
         """Take a job out of the rotation, forgetting its caller."""
@@ -350,3 +359,24 @@ def _job_id(job_id: object) -> str:
     if not isinstance(job_id, str):
         raise TypeError(f"a job id is a str, not {type(job_id).__name__}")
     return job_id
+
+
+def _stored_id(job_id: object) -> str:
+    """``job_id``, checked before it is looked up in the store."""
+    checked = _job_id(job_id)
+    if not checked.isascii():
+        # Job ids are hex: this one cannot exist (nor be bound, if it holds a
+        # lone surrogate).
+        raise JobNotFound(f"no job {checked!r}")
+    return checked
+
+
+def _deadline(timeout: object) -> float:
+    """The monotonic deadline ``timeout`` seconds from now (inf for None)."""
+    if timeout is None:
+        return math.inf
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+        raise TypeError(f"timeout is a number of seconds or None, not {type(timeout).__name__}")
+    if math.isnan(timeout) or timeout < 0:
+        raise ValueError(f"timeout must be >= 0 seconds, not {timeout}")
+    return time.monotonic() + timeout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -32,7 +33,11 @@ class Database:
     def __init__(self, path: str | Path, *, synchronous: Synchronous = "NORMAL") -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
-        self.path = str(path)
+        if not isinstance(path, str | os.PathLike):
+            raise TypeError(f"a store path is a str or os.PathLike, not {type(path).__name__}")
+        self.path = os.fspath(path)
+        if not isinstance(self.path, str):
+            raise TypeError(f"a store path must name a text path, not {self.path!r}")
         self._lock = threading.Lock()
         self._closed = False
         try:

@@ -97,8 +97,8 @@ def store_target(
     result: str | None = None,
     error: str | None = None,
     hint: str | None = None,
-) -> int:
-    """Store the outcome of a pending target; return the bytes it added to its job.
+) -> None:
+    """Store the outcome of a pending target, adding its bytes to its job's.
 
     Raises ``NotFound`` when the job is gone (evicted meanwhile) and
     ``Conflict`` when that target is no longer pending; nothing is written then.
@@ -119,7 +119,6 @@ def store_target(
         "UPDATE jobs SET nbytes = nbytes + ?, updated_at = ? WHERE id = ?", (nbytes, now, job_id)
     )
     conn.execute("UPDATE job_bytes SET total = total + ?", (nbytes,))
-    return nbytes
 
 
 def total_bytes(conn: sqlite3.Connection) -> int:

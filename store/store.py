@@ -71,18 +71,22 @@ class Store:
         error: str | None = None,
         hint: str | None = None,
         max_bytes: int | None = None,
+        job_status: str | None = None,
     ) -> list[str]:
-        """Store one target's outcome and, given ``max_bytes``, evict terminal
-        jobs past that budget in the same transaction; return the evicted ids.
+        """Store one target's outcome; then, given ``max_bytes``, evict terminal
+        jobs past that budget; then, given ``job_status``, move the job to it.
+        All in one transaction; returns the evicted ids.
 
         Raises ``NotFound`` if the job is gone, ``Conflict`` if the target was
         already stored; nothing is written then.
         """
         with self._db.transaction() as conn:
-            jobs.store_target(
-                conn, job_id, pos, status, time.time(), result=result, error=error, hint=hint
-            )
-            return [] if max_bytes is None else jobs.evict(conn, max_bytes)
+            now = time.time()
+            jobs.store_target(conn, job_id, pos, status, now, result=result, error=error, hint=hint)
+            evicted = [] if max_bytes is None else jobs.evict(conn, max_bytes)
+            if job_status is not None:
+                jobs.set_job_status(conn, job_id, job_status, now)
+            return evicted
 
     def get_job(self, job_id: str, owner: str) -> JobRow | None:
         """The job and its targets, or None if ``owner`` has no such job."""

@@ -238,6 +238,38 @@ def test_target_error_message_and_hint_are_stored(db: store.Store, script: Scrip
     assert (t.status, t.error, t.hint) == ("failed", "no such document", "check the id")
 
 
+def test_target_error_wins_over_a_retry_later_it_wraps(db: store.Store, script: Script) -> None:
+    """A fetch that turns a busy upstream into a TargetError has decided: failed."""
+
+    def give_up(ctx: batch.Context, n: int) -> object:
+        try:
+            raise batch.RetryLater("busy")
+        except batch.RetryLater as e:
+            raise batch.TargetError("gave up", hint="later") from e
+
+    script.on("x", give_up)
+    with runner(db, script) as r:
+        t = r.wait(ALICE, r.submit(ALICE, ["x"]), TIMEOUT).targets[0]
+    assert (t.status, t.error, t.hint) == ("failed", "gave up", "later")
+    assert script.calls == ["x"]
+
+
+def test_message_and_hint_that_are_not_plain_text_are_stored_as_text(
+    db: store.Store, script: Script
+) -> None:
+    script.on("x", raising(batch.TargetError("bad \udc00", hint={"a": 1})))  # type: ignore[arg-type]
+    with runner(db, script) as r:
+        t = r.wait(ALICE, r.submit(ALICE, ["x"]), TIMEOUT).targets[0]
+    assert (t.status, t.error, t.hint) == ("failed", "bad \\udc00", "{'a': 1}")
+
+
+def test_a_result_with_a_lone_surrogate_round_trips(db: store.Store, script: Script) -> None:
+    script.on("x", lambda ctx, n: {"name": "caf\udce9"})
+    with runner(db, script) as r:
+        t = r.wait(ALICE, r.submit(ALICE, ["x"]), TIMEOUT).targets[0]
+    assert (t.status, t.result) == ("done", {"name": "caf\udce9"})
+
+
 @pytest.mark.parametrize("value", [{1, 2}, float("nan"), object()])
 def test_result_that_is_not_json_is_stored_failed(
     db: store.Store, script: Script, value: object

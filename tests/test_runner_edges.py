@@ -54,7 +54,7 @@ def test_close_cancels_a_fetch_waiting_on_its_context(db: store.Store) -> None:
     with pytest.raises(batch.RunnerClosed):
         r.wait(ALICE, job_id, TIMEOUT)
     assert r.statistics() == batch.Statistics(
-        workers=1, live=1, inflight=0, waiting_retry=0, closed=True
+        workers=0, live=1, inflight=0, waiting_retry=0, closed=True
     )
 
 
@@ -116,6 +116,63 @@ def test_wait_times_out(db: store.Store) -> None:
             r.wait(ALICE, job_id, timeout=0.01)
         script.release("x")
         assert r.wait(ALICE, job_id, TIMEOUT).status == "done"
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error"), [(-1, ValueError), (float("nan"), ValueError), ("5", TypeError)]
+)
+def test_wait_refuses_a_bad_timeout(db: store.Store, timeout: object, error: type) -> None:
+    with runner(db, Script()) as r:
+        job_id = r.submit(ALICE, ["x"])
+        with pytest.raises(error, match="timeout"):
+            r.wait(ALICE, job_id, timeout)  # type: ignore[arg-type]
+
+
+def test_wait_takes_a_huge_timeout(db: store.Store) -> None:
+    with runner(db, Script()) as r:
+        assert r.wait(ALICE, r.submit(ALICE, ["x"]), 1e300).status == "done"
+
+
+# -- store faults ----------------------------------------------------------
+
+
+def test_a_store_write_that_fails_refetches_the_target_and_loses_no_worker(
+    db: store.Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A target whose outcome the store refuses stays pending in memory and on
+    disk and is fetched again; the worker lives on and the job ends."""
+    real = db.store_target
+    failures = iter([True, True])
+
+    def flaky(*args: object, **kwargs: object) -> list[str]:
+        if next(failures, False):
+            raise store.StoreError("database is locked")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(db, "store_target", flaky)
+    script = Script()
+    with runner(db, script, workers=1) as r:
+        job = r.wait(ALICE, r.submit(ALICE, ["a", "b"]), TIMEOUT)
+        assert r.statistics().workers == 1
+    assert job.status == "done"
+    assert script.calls == ["a", "a", "a", "b"]
+    assert "fetching it again" in caplog.text
+
+
+def test_a_failing_running_write_delays_the_job_only(
+    db: store.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = db.set_job_status
+    failures = iter([True])
+
+    def flaky(job_id: str, status: str) -> bool:
+        if next(failures, False):
+            raise store.StoreError("disk I/O error")
+        return real(job_id, status)
+
+    monkeypatch.setattr(db, "set_job_status", flaky)
+    with runner(db, Script(), workers=1) as r:
+        assert r.wait(ALICE, r.submit(ALICE, ["a"]), TIMEOUT).status == "done"
 
 
 # -- eviction --------------------------------------------------------------
@@ -218,6 +275,27 @@ def test_caller_with_empty_id_is_refused() -> None:
 def test_job_id_must_be_a_string(db: store.Store) -> None:
     with runner(db, Script()) as r, pytest.raises(TypeError, match="job id is a str"):
         r.status(ALICE, 12)  # type: ignore[arg-type]
+
+
+def test_a_job_id_that_cannot_exist_is_unknown(db: store.Store) -> None:
+    with runner(db, Script()) as r:
+        for call in (r.status, r.touch, r.wait):
+            with pytest.raises(batch.JobNotFound):
+                call(ALICE, "\udcff")
+        assert r.cancel(ALICE, "\udcff") is False
+
+
+def test_a_caller_id_that_cannot_be_stored_is_refused(db: store.Store) -> None:
+    with runner(db, Script()) as r, pytest.raises(TypeError, match="non-empty str"):
+        r.submit(batch.Caller.__new__(batch.Caller), ["x"])
+    with pytest.raises(TypeError):
+        batch.Caller("\udcff")
+
+
+@pytest.mark.parametrize("path", [None, b"jobs.sqlite3", 123])
+def test_store_open_refuses_a_path_that_is_not_text(tmp_path: Path, path: object) -> None:
+    with pytest.raises(TypeError, match="store path"):
+        store.open(path)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
