@@ -7,16 +7,26 @@ with store.open("jobs.sqlite3") as db:
 
 from .errors import Conflict, InvalidRun, NotFound, StoreError, Unsatisfiable
 from .jobs import JobRow, TargetRow
+from .record import label
+from .shapes import Advert, Assigned, Assignment, Claim, RunView, Step, StepView
 from .store import Store, open
 
 __all__ = [
+    "Advert",
+    "Assigned",
+    "Assignment",
+    "Claim",
     "Conflict",
     "InvalidRun",
     "JobRow",
     "NotFound",
+    "RunView",
+    "Step",
+    "StepView",
     "Store",
     "StoreError",
     "TargetRow",
     "Unsatisfiable",
+    "label",
     "open",
 ]

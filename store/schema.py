@@ -59,5 +59,87 @@ _JOBS = (
     "INSERT INTO job_bytes (one, total) VALUES (1, 0)",
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_JOBS,)
+_RUNS = (
+    # caps: a JSON array of labels, sorted. A draining node finishes the run
+    # it holds and takes no new one.
+    """
+    CREATE TABLE nodes (
+        id        TEXT    PRIMARY KEY,
+        name      TEXT    NOT NULL,
+        caps      TEXT    NOT NULL,
+        draining  INTEGER NOT NULL DEFAULT 0 CHECK (draining IN (0, 1)),
+        last_seen REAL    NOT NULL
+    )
+    """,
+    # runs.state is the queue: QUEUED rows in (created_at, id) order. There is
+    # no queue table and no priority column.
+    """
+    CREATE TABLE runs (
+        id         TEXT PRIMARY KEY,
+        state      TEXT NOT NULL
+                   CHECK (state IN ('QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED')),
+        reason     TEXT,
+        created_at REAL NOT NULL UNIQUE,
+        started_at REAL,
+        ended_at   REAL,
+        warnings   TEXT NOT NULL DEFAULT '[]'
+    )
+    """,
+    "CREATE INDEX runs_queued ON runs (created_at, id) WHERE state = 'QUEUED'",
+    # node_id is '' until the run is placed: such a step matches no node.
+    """
+    CREATE TABLE steps (
+        run_id  TEXT    NOT NULL REFERENCES runs (id),
+        seq     INTEGER NOT NULL CHECK (seq >= 1),
+        name    TEXT    NOT NULL,
+        kind    TEXT    NOT NULL,
+        needs   TEXT    NOT NULL,
+        state   TEXT    NOT NULL DEFAULT 'PENDING'
+                CHECK (state IN ('PENDING', 'RUNNING', 'SUCCEEDED', 'FAILED')),
+        node_id TEXT    NOT NULL DEFAULT '',
+        output  TEXT,
+        PRIMARY KEY (run_id, seq),
+        UNIQUE (run_id, name)
+    ) WITHOUT ROWID
+    """,
+    "CREATE INDEX steps_node ON steps (node_id, state) WHERE node_id != ''",
+    # One lease per node, by its primary key: the last line of defence against
+    # a node placed twice, whatever the matcher says.
+    """
+    CREATE TABLE leases (
+        node_id   TEXT PRIMARY KEY REFERENCES nodes (id),
+        run_id    TEXT NOT NULL REFERENCES runs (id),
+        not_after REAL NOT NULL
+    )
+    """,
+    "CREATE INDEX leases_run ON leases (run_id)",
+    "CREATE INDEX leases_expiry ON leases (not_after)",
+    # The Record: opened at submit, filled at placement, sealed when the run
+    # ends. steps: a JSON array of {seq, name, node_id, node_name, state}.
+    """
+    CREATE TABLE records (
+        run_id    TEXT PRIMARY KEY REFERENCES runs (id),
+        state     TEXT NOT NULL,
+        reason    TEXT,
+        opened_at REAL NOT NULL,
+        sealed_at REAL,
+        steps     TEXT NOT NULL,
+        digest    TEXT,
+        CHECK ((sealed_at IS NULL) = (digest IS NULL))
+    )
+    """,
+    # A sealed Record never changes again, whoever writes to the file.
+    """
+    CREATE TRIGGER records_sealed_update BEFORE UPDATE ON records
+    WHEN OLD.sealed_at IS NOT NULL
+    BEGIN SELECT RAISE(ABORT, 'the record is sealed'); END
+    """,
+    """
+    CREATE TRIGGER records_sealed_delete BEFORE DELETE ON records
+    WHEN OLD.sealed_at IS NOT NULL
+    BEGIN SELECT RAISE(ABORT, 'the record is sealed'); END
+    """,
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_JOBS, _RUNS)
 VERSION = len(MIGRATIONS)

@@ -3,16 +3,23 @@ transaction, handed to the module that owns the operation."""
 
 from __future__ import annotations
 
+import logging
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
-from . import jobs
+from . import jobs, nodes, queue, record, runs
 from .db import Database, Synchronous
+from .errors import StoreError
 from .jobs import JobRow
+from .shapes import RUN_STATES, Advert, Claim, RunView, Step
 
 __all__ = ["Store", "open"]
+
+log = logging.getLogger("store")
 
 
 class Store:
@@ -23,8 +30,10 @@ class Store:
     ``StoreError`` on every call.
     """
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, lease_ttl: float, max_leases_per_run: int) -> None:
         self._db = db
+        self.lease_ttl = lease_ttl
+        self.max_leases_per_run = max_leases_per_run
 
     @property
     def path(self) -> str:
@@ -108,12 +117,146 @@ class Store:
         with self._db.transaction(write=False) as conn:
             return jobs.total_bytes(conn)
 
+    # -- nodes ---------------------------------------------------------------
 
-def open(path: str | Path, *, synchronous: Synchronous = "NORMAL") -> Store:
-    """Open (creating or migrating) the store file at ``path``.
+    def advertise(self, advert: Advert) -> None:
+        """Add a node, or replace a known node's name and caps; wakes the queue."""
+        with self._db.transaction() as conn:
+            nodes.advertise(conn, advert, time.time())
+        self._wake(f"advertise {advert.node_id}")
 
+    def drain(self, node_id: str) -> None:
+        """Let the node finish the run it holds and place no new run on it."""
+        with self._db.transaction() as conn:
+            nodes.set_draining(conn, node_id, True)
+
+    def undrain(self, node_id: str) -> None:
+        """Let the node take runs again; wakes the queue."""
+        with self._db.transaction() as conn:
+            nodes.set_draining(conn, node_id, False)
+        self._wake(f"undrain {node_id}")
+
+    def unavailable_nodes(self) -> set[str]:
+        """Nodes no run may be placed on now: busy (leased) or draining."""
+        with self._db.transaction(write=False) as conn:
+            return nodes.unavailable(conn)
+
+    # -- runs ----------------------------------------------------------------
+
+    def submit_run(self, steps: Iterable[Step], run_id: str | None = None) -> RunView:
+        """Store a run: RUNNING if every step can be placed now, else QUEUED.
+        Raises ``InvalidRun``, ``Conflict`` (run id in use) or ``Unsatisfiable``;
+        nothing is stored then."""
+        with self._db.transaction() as conn:
+            return runs.submit(
+                conn,
+                steps,
+                run_id,
+                now=time.time(),
+                lease_ttl=self.lease_ttl,
+                max_leases=self.max_leases_per_run,
+            )
+
+    def get_run(self, run_id: str) -> RunView:
+        """The run as stored; ``NotFound`` if there is none."""
+        with self._db.transaction(write=False) as conn:
+            return runs.get(conn, run_id)
+
+    def list_runs(self, state: str | None = None) -> list[RunView]:
+        """Runs in FIFO order (``created_at``, then id), of one state or all."""
+        if state is not None and state not in RUN_STATES:
+            raise ValueError(f"state must be one of {', '.join(RUN_STATES)}, not {state!r}")
+        with self._db.transaction(write=False) as conn:
+            return [runs.get(conn, run_id) for run_id in runs.list_ids(conn, state)]
+
+    def wake_queued(self, why: str = "") -> list[str]:
+        """Promote, in FIFO order, every QUEUED run that fits now; return their ids."""
+        with self._db.transaction() as conn:
+            promoted = queue.wake(conn, time.time(), self.lease_ttl, self.max_leases_per_run)
+        log.info("wake (%s): promoted %d run(s) %s", why or "asked", len(promoted), promoted)
+        return promoted
+
+    def claim_step(self, node_id: str) -> Claim | None:
+        """The next step this node may run, now RUNNING (its lease renewed), or None."""
+        with self._db.transaction() as conn:
+            return runs.claim(conn, node_id, time.time(), self.lease_ttl)
+
+    def report_step(
+        self, node_id: str, run_id: str, seq: int, ok: bool = True, output: object = None
+    ) -> RunView:
+        """Record how a step the node holds ended; wakes the queue if that
+        freed a node. ``Conflict`` if the node does not hold that RUNNING step."""
+        with self._db.transaction() as conn:
+            freed = runs.report(conn, node_id, run_id, seq, ok=ok, output=output, now=time.time())
+            view = runs.get(conn, run_id)
+        if freed:
+            self._wake(f"report {run_id}/{seq} by {node_id}")
+        return view
+
+    def heartbeat(self, node_id: str) -> float | None:
+        """Extend the node's lease by ``lease_ttl``; the new end, or None if it holds none."""
+        with self._db.transaction() as conn:
+            return runs.heartbeat(conn, node_id, time.time(), self.lease_ttl)
+
+    def reap(self, now: float | None = None) -> list[str]:
+        """Fail the runs holding a lease expired by ``now``; wakes the queue if any."""
+        with self._db.transaction() as conn:
+            failed = runs.reap(conn, time.time() if now is None else now)
+        if failed:
+            self._wake(f"reap {len(failed)} run(s)")
+        return failed
+
+    def cancel_run(self, run_id: str) -> bool:
+        """Fail a QUEUED or RUNNING run as ``cancelled`` (its Record sealed);
+        False for an unknown or terminal run. Wakes the queue."""
+        with self._db.transaction() as conn:
+            cancelled = runs.cancel(conn, run_id, time.time())
+        if cancelled:
+            self._wake(f"cancel {run_id}")
+        return cancelled
+
+    def record(self, run_id: str) -> dict[str, Any]:
+        """The run's Record; sealed (with its digest) once the run ended."""
+        with self._db.transaction(write=False) as conn:
+            return record.get_record(conn, run_id)
+
+    def _wake(self, why: str) -> None:
+        """Wake the queue after an event that may have freed capacity. The event
+        is committed already: a wake that fails is logged, not raised."""
+        try:
+            self.wake_queued(why)
+        except StoreError:
+            log.exception("wake (%s) failed; the next event will wake the queue", why)
+
+
+def open(
+    path: str | Path,
+    *,
+    lease_ttl: float = 30.0,
+    max_leases_per_run: int = 4,
+    synchronous: Synchronous = "NORMAL",
+) -> Store:
+    """Open (creating or migrating) the store file at ``path``, then wake the
+    queue (capacity may have freed while no one had it open).
+
+    ``lease_ttl``: seconds a lease lasts unless renewed; 0 places no run.
+    ``max_leases_per_run``: the most nodes one run may hold.
     ``synchronous="NORMAL"`` (the default) survives a crash of the process;
     ``"FULL"`` also survives power loss, at the cost of an fsync per commit.
     Raises ``StoreError`` if the file cannot be used, naming it.
     """
-    return Store(Database(path, synchronous=synchronous))
+    if not isinstance(lease_ttl, int | float) or isinstance(lease_ttl, bool):
+        raise TypeError(f"lease_ttl is a number of seconds, not {type(lease_ttl).__name__}")
+    if not math.isfinite(lease_ttl) or lease_ttl < 0:
+        raise ValueError(f"lease_ttl must be a finite number of seconds >= 0, not {lease_ttl}")
+    if not isinstance(max_leases_per_run, int) or isinstance(max_leases_per_run, bool):
+        raise TypeError(f"max_leases_per_run is an int, not {type(max_leases_per_run).__name__}")
+    if max_leases_per_run < 1:
+        raise ValueError(f"max_leases_per_run must be at least 1, not {max_leases_per_run}")
+    db = Store(
+        Database(path, synchronous=synchronous),
+        lease_ttl=lease_ttl,
+        max_leases_per_run=max_leases_per_run,
+    )
+    db._wake("open")
+    return db

@@ -1,0 +1,75 @@
+"""The queue: QUEUED runs, promoted in FIFO order as capacity frees.
+
+``runs.state`` is the queue; there is no queue table. Functions take an open
+transaction's connection and run inside it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sqlite3
+from collections.abc import Iterable, Mapping
+
+from . import match, nodes, record, runs
+from .shapes import Advert, Assignment
+
+__all__ = ["promote", "wake"]
+
+
+def wake(conn: sqlite3.Connection, now: float, lease_ttl: float, max_leases: int) -> list[str]:
+    """Scan the QUEUED runs in FIFO order (``created_at``, then id) and promote
+    every run that fits the available nodes now; return their ids, in order.
+
+    The nodes a promotion takes join ``blocked`` within the same scan, so a
+    later run in the queue never gets them. With ``lease_ttl == 0`` no lease
+    may be issued, so nothing is promoted. The scan stops once no node is
+    free: nothing further could be placed.
+    """
+    if not lease_ttl:
+        return []
+    ads = nodes.adverts(conn)
+    caps = {node_id: frozenset(a.caps) for node_id, a in ads.items()}
+    blocked = nodes.unavailable(conn)
+    promoted: list[str] = []
+    if blocked >= caps.keys():
+        return promoted
+    queued = conn.execute(
+        "SELECT s.run_id, s.seq, s.needs FROM runs r JOIN steps s ON s.run_id = r.id"
+        " WHERE r.state = 'QUEUED' ORDER BY r.created_at, r.id, s.seq"
+    ).fetchall()
+    for run_id, rows in itertools.groupby(queued, key=lambda row: row[0]):
+        if blocked >= caps.keys():
+            break
+        needs = [(seq, frozenset(json.loads(n))) for _, seq, n in rows]
+        placed = match.place(needs, caps, blocked, max_leases)
+        if placed is not None:
+            blocked |= promote(conn, run_id, placed, ads, now=now, lease_ttl=lease_ttl)
+            promoted.append(run_id)
+    return promoted
+
+
+def promote(
+    conn: sqlite3.Connection,
+    run_id: str,
+    placed: Iterable[Assignment],
+    ads: Mapping[str, Advert],
+    *,
+    now: float,
+    lease_ttl: float,
+) -> set[str]:
+    """Place a QUEUED run: fill its steps' nodes, lease them, make it RUNNING
+    and name the nodes in its Record. Returns the nodes the run now holds."""
+    placed = list(placed)
+    conn.executemany(
+        "UPDATE steps SET node_id = ? WHERE run_id = ? AND seq = ?",
+        ((a.node_id, run_id, a.seq) for a in placed),
+    )
+    taken = {a.node_id for a in placed}
+    runs.issue_leases(conn, run_id, taken, now + lease_ttl)
+    conn.execute(
+        "UPDATE runs SET state = 'RUNNING', started_at = ? WHERE id = ? AND state = 'QUEUED'",
+        (now, run_id),
+    )
+    record.fill_record(conn, run_id, record.label(placed, ads))
+    return taken

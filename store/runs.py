@@ -1,0 +1,330 @@
+"""Runs and their steps: submit, read, claim, report, heartbeat, reap, cancel.
+
+Functions take an open transaction's connection and run inside it; none of
+them wakes the queue (the ``Store`` does that after the commit).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sqlite3
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from . import match, nodes, record
+from .errors import Conflict, InvalidRun, NotFound, Unsatisfiable
+from .shapes import Assigned, Claim, RunView, Step, StepView
+
+__all__ = [
+    "CheckedStep",
+    "cancel",
+    "check_steps",
+    "claim",
+    "end_run",
+    "get",
+    "heartbeat",
+    "insert_steps",
+    "issue_leases",
+    "list_ids",
+    "reap",
+    "report",
+    "submit",
+]
+
+KIND = re.compile(r"[a-z][a-z0-9_]*")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedStep:
+    """A step that passed :func:`check_steps`: numbered, needs normalised."""
+
+    seq: int
+    name: str
+    kind: str
+    needs: frozenset[str]
+
+
+def check_steps(steps: object) -> tuple[list[CheckedStep], list[str]]:
+    """Validate and normalise a run's steps: the one place this is done.
+    Returns the steps numbered from 1 and the warnings normalisation gave.
+    Raises ``InvalidRun`` naming the first thing wrong."""
+    if isinstance(steps, str | bytes | Mapping) or not isinstance(steps, Iterable):
+        raise InvalidRun(f"steps must be a list of store.Step, not {type(steps).__name__}")
+    out: list[CheckedStep] = []
+    warnings: list[str] = []
+    names: set[str] = set()
+    for seq, step in enumerate(steps, 1):
+        if not isinstance(step, Step):
+            raise InvalidRun(f"step {seq}: expected a store.Step, not {type(step).__name__}")
+        if not isinstance(step.name, str) or not step.name.strip():
+            raise InvalidRun(f"step {seq}: name must be a non-empty str, not {step.name!r}")
+        if step.name in names:
+            raise InvalidRun(f"step {seq}: the name {step.name!r} is used twice")
+        names.add(step.name)
+        if not isinstance(step.kind, str) or not KIND.fullmatch(step.kind):
+            raise InvalidRun(
+                f"step {seq} ({step.name!r}): kind {step.kind!r} is not a lowercase"
+                " identifier ([a-z][a-z0-9_]*)"
+            )
+        needs, notes = match.labels(step.needs, f"step {step.name!r} needs")
+        warnings += notes
+        out.append(CheckedStep(seq, step.name, step.kind, needs))
+    if not out:
+        raise InvalidRun("a run needs at least one step")
+    return out, warnings
+
+
+def submit(
+    conn: sqlite3.Connection,
+    steps: object,
+    run_id: str | None,
+    *,
+    now: float,
+    lease_ttl: float,
+    max_leases: int,
+) -> RunView:
+    """Store a new run: RUNNING with every step placed and leased if the
+    available nodes allow it now, else QUEUED with no node and no lease.
+    Raises ``InvalidRun`` (checked first), ``Conflict`` for a run id in use,
+    and ``Unsatisfiable`` if no placement exists even with every node free."""
+    checked, warnings = check_steps(steps)
+    if run_id is None:
+        run_id = uuid.uuid4().hex
+    elif not isinstance(run_id, str) or not run_id.strip():
+        raise InvalidRun(f"run_id must be a non-empty str or None, not {run_id!r}")
+    if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
+        raise Conflict(f"run {run_id!r} exists already")
+    ads = nodes.adverts(conn)
+    caps = {node_id: frozenset(a.caps) for node_id, a in ads.items()}
+    needs = [(s.seq, s.needs) for s in checked]
+    if match.place(needs, caps, frozenset(), max_leases) is None:
+        raise Unsatisfiable(_why_unsatisfiable(checked, caps, max_leases))
+    placed = match.place(needs, caps, nodes.unavailable(conn), max_leases) if lease_ttl else None
+    (last,) = conn.execute("SELECT MAX(created_at) FROM runs").fetchone()
+    # created_at is strictly increasing in submit order, so FIFO never falls
+    # back on the run ids, even when the clock stalls or steps back.
+    created_at = now if last is None or now > last else math.nextafter(last, math.inf)
+    conn.execute(
+        "INSERT INTO runs (id, state, created_at, started_at, warnings) VALUES (?, ?, ?, ?, ?)",
+        (
+            run_id,
+            "RUNNING" if placed else "QUEUED",
+            created_at,
+            now if placed else None,
+            json.dumps(warnings),
+        ),
+    )
+    insert_steps(conn, run_id, checked, {a.seq: a.node_id for a in placed or ()})
+    assigned = record.label(placed, ads) if placed else []
+    if placed:
+        issue_leases(conn, run_id, {a.node_id for a in placed}, now + lease_ttl)
+    record.open_record(conn, run_id, [(s.seq, s.name) for s in checked], assigned, now)
+    return get(conn, run_id)
+
+
+def _why_unsatisfiable(
+    steps: list[CheckedStep], caps: Mapping[str, frozenset[str]], max_leases: int
+) -> str:
+    for s in steps:
+        if not any(s.needs <= c for c in caps.values()):
+            wanted = ", ".join(sorted(s.needs)) or "nothing"
+            return f"no advertised node can run step {s.name!r} (it needs: {wanted})"
+    return f"the run needs more than max_leases_per_run={max_leases} nodes"
+
+
+def insert_steps(
+    conn: sqlite3.Connection, run_id: str, steps: Iterable[CheckedStep], node_of: Mapping[int, str]
+) -> None:
+    """Insert a run's checked steps, each on ``node_of[seq]`` or on no node."""
+    conn.executemany(
+        "INSERT INTO steps (run_id, seq, name, kind, needs, node_id) VALUES (?, ?, ?, ?, ?, ?)",
+        (
+            (run_id, s.seq, s.name, s.kind, json.dumps(sorted(s.needs)), node_of.get(s.seq, ""))
+            for s in steps
+        ),
+    )
+
+
+def issue_leases(
+    conn: sqlite3.Connection, run_id: str, node_ids: Iterable[str], not_after: float
+) -> None:
+    """Lease each node to the run until ``not_after``. A node that holds a
+    lease already is refused by the primary key (``sqlite3.IntegrityError``)."""
+    conn.executemany(
+        "INSERT INTO leases (node_id, run_id, not_after) VALUES (?, ?, ?)",
+        ((node_id, run_id, not_after) for node_id in sorted(node_ids)),
+    )
+
+
+def get(conn: sqlite3.Connection, run_id: str) -> RunView:
+    """The run as stored; ``NotFound`` if there is none."""
+    row = conn.execute(
+        "SELECT state, reason, created_at, started_at, ended_at, warnings FROM runs WHERE id = ?",
+        (run_id,),
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"no run {run_id!r}")
+    state, reason, created_at, started_at, ended_at, warnings = row
+    steps = tuple(
+        StepView(seq, name, kind, frozenset(json.loads(needs)), step_state, node_id)
+        for seq, name, kind, needs, step_state, node_id in conn.execute(
+            "SELECT seq, name, kind, needs, state, node_id FROM steps WHERE run_id = ?"
+            " ORDER BY seq",
+            (run_id,),
+        )
+    )
+    assigned = tuple(
+        Assigned(s["seq"], s["node_id"], s["node_name"])
+        for s in record.get_record(conn, run_id)["steps"]
+        if s["node_id"]
+    )
+    return RunView(
+        run_id,
+        state,
+        reason,
+        steps,
+        tuple(json.loads(warnings)),
+        created_at,
+        started_at,
+        ended_at,
+        assigned,
+    )
+
+
+def list_ids(conn: sqlite3.Connection, state: str | None) -> list[str]:
+    """Run ids in FIFO order (``created_at``, then id), of one state or all."""
+    if state is None:
+        rows = conn.execute("SELECT id FROM runs ORDER BY created_at, id")
+    else:
+        rows = conn.execute("SELECT id FROM runs WHERE state = ? ORDER BY created_at, id", (state,))
+    return [run_id for (run_id,) in rows]
+
+
+def claim(conn: sqlite3.Connection, node_id: str, now: float, lease_ttl: float) -> Claim | None:
+    """The next step this node may run, now RUNNING, with the node's lease
+    renewed; None if it has none. A step is claimable once every step before
+    it in its run has SUCCEEDED, and only by the node it is assigned to."""
+    nodes.require(conn, node_id, now)
+    row = conn.execute(
+        "SELECT s.run_id, s.seq, s.name, s.kind, s.needs FROM steps s"
+        " JOIN runs r ON r.id = s.run_id"
+        " WHERE s.node_id = ? AND s.state = 'PENDING' AND r.state = 'RUNNING'"
+        " AND NOT EXISTS (SELECT 1 FROM steps p WHERE p.run_id = s.run_id"
+        "                 AND p.seq < s.seq AND p.state != 'SUCCEEDED')"
+        " ORDER BY r.created_at, s.seq LIMIT 1",
+        (node_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    run_id, seq, name, kind, needs = row
+    conn.execute("UPDATE steps SET state = 'RUNNING' WHERE run_id = ? AND seq = ?", (run_id, seq))
+    not_after = now + lease_ttl
+    conn.execute("UPDATE leases SET not_after = ? WHERE node_id = ?", (not_after, node_id))
+    return Claim(run_id, seq, name, kind, frozenset(json.loads(needs)), not_after)
+
+
+def report(
+    conn: sqlite3.Connection,
+    node_id: str,
+    run_id: str,
+    seq: int,
+    *,
+    ok: bool,
+    output: object,
+    now: float,
+) -> bool:
+    """Record how a RUNNING step held by ``node_id`` ended. A success releases
+    the node's lease once it has no unfinished step left in the run, and ends
+    the run SUCCEEDED after its last step; a failure fails the run. Returns
+    whether capacity was freed. ``Conflict`` (nothing changed) if the node
+    does not hold that RUNNING step."""
+    nodes.require(conn, node_id, now)
+    try:
+        text = None if output is None else json.dumps(output, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise InvalidRun(f"step output must be JSON-serializable: {e}") from None
+    state = conn.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if state is None:
+        raise NotFound(f"no run {run_id!r}")
+    row = conn.execute(
+        "SELECT name, state, node_id FROM steps WHERE run_id = ? AND seq = ?", (run_id, seq)
+    ).fetchone()
+    if row is None or row[1] != "RUNNING" or row[2] != node_id:
+        held = "no such step" if row is None else f"the step is {row[1]} on {row[2] or 'no node'!r}"
+        raise Conflict(f"node {node_id!r} does not hold step {seq} of run {run_id!r}: {held}")
+    name = row[0]
+    conn.execute(
+        "UPDATE steps SET state = ?, output = ? WHERE run_id = ? AND seq = ?",
+        ("SUCCEEDED" if ok else "FAILED", text, run_id, seq),
+    )
+    if not ok:
+        end_run(conn, run_id, "FAILED", f"step {name!r} failed", now)
+        return True
+    left = {
+        n
+        for (n,) in conn.execute(
+            "SELECT node_id FROM steps WHERE run_id = ? AND state IN ('PENDING', 'RUNNING')",
+            (run_id,),
+        )
+    }
+    if not left:
+        end_run(conn, run_id, "SUCCEEDED", None, now)
+        return True
+    if node_id not in left:
+        conn.execute("DELETE FROM leases WHERE node_id = ? AND run_id = ?", (node_id, run_id))
+        return True
+    return False
+
+
+def heartbeat(conn: sqlite3.Connection, node_id: str, now: float, lease_ttl: float) -> float | None:
+    """Extend the node's lease to ``now + lease_ttl``; return the new end, or
+    None if the node holds no lease."""
+    nodes.require(conn, node_id, now)
+    row = conn.execute(
+        "UPDATE leases SET not_after = ? WHERE node_id = ? RETURNING not_after",
+        (now + lease_ttl, node_id),
+    ).fetchone()
+    return None if row is None else float(row[0])
+
+
+def reap(conn: sqlite3.Connection, now: float) -> list[str]:
+    """Fail every run holding a lease that expired at or before ``now``. A
+    QUEUED run holds no lease, so it is never touched."""
+    expired = conn.execute(
+        "SELECT run_id, MIN(node_id) FROM leases WHERE not_after <= ?"
+        " GROUP BY run_id ORDER BY run_id",
+        (now,),
+    ).fetchall()
+    for run_id, node_id in expired:
+        end_run(conn, run_id, "FAILED", f"lease expired on node {node_id!r}", now)
+    return [run_id for run_id, _ in expired]
+
+
+def cancel(conn: sqlite3.Connection, run_id: str, now: float) -> bool:
+    """Fail a QUEUED or RUNNING run with reason ``cancelled``; False for an
+    unknown or terminal run."""
+    row = conn.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if row is None or row[0] not in ("QUEUED", "RUNNING"):
+        return False
+    end_run(conn, run_id, "FAILED", "cancelled", now)
+    return True
+
+
+def end_run(
+    conn: sqlite3.Connection, run_id: str, state: str, reason: str | None, now: float
+) -> None:
+    """End a run: unfinished steps FAILED, every lease released, the run's
+    state and end written, its Record sealed."""
+    conn.execute(
+        "UPDATE steps SET state = 'FAILED' WHERE run_id = ? AND state IN ('PENDING', 'RUNNING')",
+        (run_id,),
+    )
+    conn.execute("DELETE FROM leases WHERE run_id = ?", (run_id,))
+    conn.execute(
+        "UPDATE runs SET state = ?, reason = ?, ended_at = ? WHERE id = ?",
+        (state, reason, now, run_id),
+    )
+    record.seal_record(conn, run_id, state, reason, now)
