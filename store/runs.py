@@ -100,9 +100,9 @@ def submit(
     ads = nodes.adverts(conn)
     caps = {node_id: frozenset(a.caps) for node_id, a in ads.items()}
     needs = [(s.seq, s.needs) for s in checked]
-    if match.place(needs, caps, frozenset(), max_leases) is None:
-        raise Unsatisfiable(_why_unsatisfiable(checked, caps, max_leases))
     placed = match.place(needs, caps, nodes.unavailable(conn), max_leases) if lease_ttl else None
+    if placed is None and match.place(needs, caps, frozenset(), max_leases) is None:
+        raise Unsatisfiable(_why_unsatisfiable(checked, caps, max_leases))
     (last,) = conn.execute("SELECT MAX(created_at) FROM runs").fetchone()
     # created_at is strictly increasing in submit order, so FIFO never falls
     # back on the run ids, even when the clock stalls or steps back.
