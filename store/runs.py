@@ -241,6 +241,10 @@ def report(
     the run SUCCEEDED after its last step; a failure fails the run. Returns
     whether capacity was freed. ``Conflict`` (nothing changed) if the node
     does not hold that RUNNING step."""
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        raise TypeError(f"seq is an int, not {type(seq).__name__}")
+    if not isinstance(ok, bool):
+        raise TypeError(f"ok is a bool, not {type(ok).__name__}")
     nodes.require(conn, node_id, now)
     try:
         text = None if output is None else json.dumps(output, allow_nan=False)
