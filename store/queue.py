@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from . import match, nodes, record, runs
 from .shapes import Advert, Assignment
 
 __all__ = ["promote", "wake"]
+
+#: QUEUED runs read at a time by the scan.
+PAGE = 64
 
 
 def wake(conn: sqlite3.Connection, now: float, lease_ttl: float, max_leases: int) -> list[str]:
@@ -34,19 +38,34 @@ def wake(conn: sqlite3.Connection, now: float, lease_ttl: float, max_leases: int
     promoted: list[str] = []
     if blocked >= caps.keys():
         return promoted
-    queued = conn.execute(
-        "SELECT s.run_id, s.seq, s.needs FROM runs r JOIN steps s ON s.run_id = r.id"
-        " WHERE r.state = 'QUEUED' ORDER BY r.created_at, r.id, s.seq"
-    ).fetchall()
-    for run_id, rows in itertools.groupby(queued, key=lambda row: row[0]):
-        if blocked >= caps.keys():
-            break
-        needs = [(seq, frozenset(json.loads(n))) for _, seq, n in rows]
+    for run_id, needs in _queued(conn):
         placed = match.place(needs, caps, blocked, max_leases)
         if placed is not None:
             blocked |= promote(conn, run_id, placed, ads, now=now, lease_ttl=lease_ttl)
             promoted.append(run_id)
+            if blocked >= caps.keys():
+                break
     return promoted
+
+
+def _queued(conn: sqlite3.Connection) -> Iterator[tuple[str, list[tuple[int, frozenset[str]]]]]:
+    """The QUEUED runs with their steps' needs, in FIFO order, read a page at a
+    time so that a scan that stops early reads little. ``created_at`` is unique
+    and strictly increasing, so it alone orders the queue and pages it."""
+    after = -math.inf
+    while True:
+        rows = conn.execute(
+            "SELECT r.id, r.created_at, s.seq, s.needs FROM"
+            " (SELECT id, created_at FROM runs WHERE state = 'QUEUED' AND created_at > ?"
+            "  ORDER BY created_at, id LIMIT ?) r"
+            " JOIN steps s ON s.run_id = r.id ORDER BY r.created_at, s.seq",
+            (after, PAGE),
+        ).fetchall()
+        if not rows:
+            return
+        for run_id, group in itertools.groupby(rows, key=lambda row: row[0]):
+            yield run_id, [(seq, frozenset(json.loads(needs))) for _, _, seq, needs in group]
+        after = rows[-1][1]
 
 
 def promote(

@@ -1104,3 +1104,21 @@ def test_label_refuses_an_unknown_node() -> None:
     adverts = {"n1": store.Advert("n1", "box-one", {"a"})}
     with pytest.raises(ValueError, match="ghost"):
         store.label([store.Assignment(1, "n1"), store.Assignment(2, "ghost")], adverts)
+
+
+def test_one_wake_scans_past_many_pages_of_the_queue(tmp_path: Path) -> None:
+    """A wake promotes every run that fits, however long the queue, in FIFO
+    order, passing over runs that still do not fit."""
+    path = tmp_path / "long.sqlite3"
+    with store.open(path, lease_ttl=0, max_leases_per_run=1) as paused:
+        for i in range(150):
+            paused.advertise(store.Advert(f"n{i:03d}", f"box-{i}", {"linux"}))
+        paused.advertise(store.Advert("g", "gpu-box", {"gpu"}))
+        ids = []
+        for i in range(300):
+            needs = {"gpu"} if i % 2 else {"linux"}
+            ids.append(paused.submit_run([store.Step("s", "exec", needs)]).run_id)
+    with store.open(path, lease_ttl=30, max_leases_per_run=1) as db:
+        running = [r.run_id for r in db.list_runs("RUNNING")]
+        assert running == [ids[0], ids[1], *ids[2::2]]
+        assert [r.run_id for r in db.list_runs("QUEUED")] == ids[3::2]
