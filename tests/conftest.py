@@ -1,5 +1,5 @@
-"""Shared fixtures: a fresh store file per test, and a check that no test
-leaves a thread of its own running."""
+"""Shared fixtures: a fresh store file per test, a clock the test moves, and a
+check that no test leaves a thread of its own running."""
 
 from __future__ import annotations
 
@@ -10,6 +10,16 @@ from pathlib import Path
 import pytest
 
 import store
+import store.store as store_module
+from tests.helpers import Clock
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """A clock the test moves by hand, read by the store for every timestamp."""
+    c = Clock()
+    monkeypatch.setattr(store_module, "time", c)
+    return c
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Test doubles shared by the runner tests: a recording Hooks and a scripted fetch."""
+"""Test doubles: a clock the test moves, a recording Hooks and a scripted fetch."""
 
 from __future__ import annotations
 
@@ -9,6 +9,19 @@ from typing import Any
 import batch
 
 TIMEOUT = 10.0
+
+
+class Clock:
+    """Stands in for the ``time`` module inside ``store.store``."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def time(self) -> float:
+        return self.now
+
+    def tick(self, seconds: float = 1.0) -> None:
+        self.now += seconds
 
 
 def raising(exc: BaseException) -> Callable[[batch.Context, int], Any]:

@@ -17,29 +17,9 @@ import store
 import store.queue as store_queue
 import store.record as record_module
 import store.runs as runs_module
-import store.store as store_module
+from tests.helpers import Clock
 
 FAR_FUTURE = 1e12
-
-
-class Clock:
-    """Stands in for the ``time`` module inside ``store.store``."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.now = start
-
-    def time(self) -> float:
-        return self.now
-
-    def tick(self, seconds: float = 1.0) -> None:
-        self.now += seconds
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(store_module, "time", c)
-    return c
 
 
 @pytest.fixture
@@ -113,11 +93,10 @@ def busy_and_waiting(db: store.Store) -> None:
 
 
 def test_queued_runs_are_promoted_in_submit_order_even_with_a_frozen_clock(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, clock: Clock
 ) -> None:
     """Waiting runs get capacity in the order they were submitted, whatever
     their ids and even when the clock does not move."""
-    monkeypatch.setattr(store_module.time, "time", lambda: 1_700_000_000.0)
     with store.open(tmp_path / "x.sqlite3") as db:
         advertise(db, "n1", "linux")
         assert db.submit_run([step("s", "linux")], run_id="r0").state == "RUNNING"

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import store
-import store.store as store_module
 from store.schema import VERSION
+from tests.helpers import Clock
 
 JOIN_TIMEOUT = 30.0
 
@@ -39,26 +39,6 @@ def job_of(db: store.Store, job_id: str, owner: str = "alice") -> store.JobRow:
     job = db.get_job(job_id, owner)
     assert job is not None, f"job {job_id!r} is gone"
     return job
-
-
-class Clock:
-    """Stands in for the ``time`` module inside ``store.store``."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.now = start
-
-    def time(self) -> float:
-        return self.now
-
-    def tick(self, seconds: float = 1.0) -> None:
-        self.now += seconds
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(store_module, "time", c)
-    return c
 
 
 def terminal_job(db: store.Store, job_id: str, nbytes: int, status: str = "done") -> None:
