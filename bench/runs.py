@@ -1,15 +1,15 @@
 """The run queue at size: wake_queued and submit_run, with and without the
 partial index on QUEUED runs.
 
-A store file with --nodes nodes, each busy with a one-step run, and --queued
-runs waiting. Measured:
+A store file with --history finished runs, --nodes nodes each busy with a
+one-step run, and --queued runs waiting. Measured:
   (a) wake_queued when nothing fits (every node busy);
   (b) wake_queued when one node frees (its run ended);
   submit_run per second on a file store, placed at once and queued.
 Each figure is the median of --rounds, first with the partial index the
 schema has (runs_queued), then on a copy of the file without it.
 
-    python bench/runs.py [--nodes N] [--queued Q] [--rounds R]
+    python bench/runs.py [--history H] [--nodes N] [--queued Q] [--rounds R]
 """
 
 from __future__ import annotations
@@ -27,8 +27,16 @@ import store
 STEP = [store.Step("work", "exec", {"linux"})]
 
 
-def build(path: Path, n_nodes: int, n_queued: int) -> None:
+def build(path: Path, n_history: int, n_nodes: int, n_queued: int) -> None:
     with store.open(path, max_leases_per_run=1) as db:
+        # Finished runs, older than everything else: written directly, as only
+        # their rows in `runs` matter to the queue.
+        with db._db.transaction() as conn:
+            conn.executemany(
+                "INSERT INTO runs (id, state, created_at, started_at, ended_at)"
+                " VALUES (?, 'SUCCEEDED', ?, ?, ?)",
+                ((f"old-{i:07d}", 1.0 + i, 1.0 + i, 2.0 + i) for i in range(n_history)),
+            )
         for i in range(n_nodes):
             db.advertise(store.Advert(f"n{i:05d}", f"box-{i}", {"linux"}))
         for _ in range(n_nodes):
@@ -86,6 +94,7 @@ def measure(path: Path, rounds: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="the run queue at size")
+    parser.add_argument("--history", type=int, default=100_000)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--queued", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=5)
@@ -93,9 +102,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         base = Path(d) / "base.sqlite3"
         start = time.perf_counter()
-        build(base, args.nodes, args.queued)
+        build(base, args.history, args.nodes, args.queued)
         print(
-            f"built {args.nodes} busy nodes, {args.queued} queued runs in "
+            f"built {args.history} finished runs, {args.nodes} busy nodes,"
+            f" {args.queued} queued runs in "
             f"{time.perf_counter() - start:.1f}s"
         )
         results = {}
