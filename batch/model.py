@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -125,6 +126,15 @@ class Config:
       stored ``failed``.
     - ``max_bytes``: the stored bytes past which terminal jobs are evicted.
     - ``max_targets``: the most targets one job may have.
+    - ``resume``: ``caller_id -> caller | None``. A new runner takes over the
+      live jobs of runners that are gone; each job whose owner ``resume``
+      returns a caller for rejoins the rotation at its first pending target
+      (a target in flight when its runner died is fetched again: at least
+      once). Without ``resume``, or when it returns None, the job ends at
+      once, its pending targets ``failed`` with error ``interrupted``.
+    - ``takeover_after``: how long a runner may go silent before another
+      takes its jobs (a closed runner, or one whose process is gone on this
+      host, at once). Runners beat three times within it.
     """
 
     workers: int = 4
@@ -132,6 +142,8 @@ class Config:
     retry_for: float = 60.0
     max_bytes: int = 256 << 20
     max_targets: int = 1000
+    resume: Callable[[str], Any] | None = None
+    takeover_after: float = 5.0
 
     def __post_init__(self) -> None:
         _check_int("workers", self.workers, 1)
@@ -139,6 +151,13 @@ class Config:
         _check_int("max_targets", self.max_targets, 1)
         _check_seconds("retry_wait", self.retry_wait)
         _check_seconds("retry_for", self.retry_for)
+        _check_seconds("takeover_after", self.takeover_after)
+        if self.takeover_after <= 0:
+            raise ValueError("Config.takeover_after must be more than 0 seconds")
+        if self.resume is not None and not callable(self.resume):
+            raise TypeError(
+                f"Config.resume must be callable or None, not {type(self.resume).__name__}"
+            )
 
 
 def _check_int(name: str, value: object, least: int) -> None:

@@ -17,7 +17,7 @@ import store
 
 from .attempt import Outcome, attempt
 from .context import Context
-from .errors import InvalidJob, JobNotFound, RunnerClosed
+from .errors import BatchError, InvalidJob, JobNotFound, RunnerClosed
 from .hooks import Hooks, call_hook
 from .model import CallerLike, Config, Job, Statistics, Target, TargetStatus, caller_id
 from .rotation import LiveJob, Rotation
@@ -25,6 +25,12 @@ from .rotation import LiveJob, Rotation
 __all__ = ["Fetch", "Runner"]
 
 log = logging.getLogger("batch")
+
+#: The hint stored with a target left pending by a runner that is gone.
+INTERRUPTED_HINT = (
+    "the runner stopped before fetching this target; submit it again,"
+    " or pass Config(resume=...) to go on with such jobs"
+)
 
 C = TypeVar("C", bound=CallerLike)
 
@@ -82,12 +88,71 @@ class Runner(Generic[C]):
         self._inflight = 0
         self._closed = False
 
+        # This runner's entry in the store: it owns the jobs it accepts and
+        # beats so that no other runner takes them while it lives.
+        self._id = uuid.uuid4().hex
+        self._stopped = threading.Event()  # set once the workers are joined
+        self._store.register_runner(self._id)
+        with self._lock:
+            self._adopt(self._store.take_over_jobs(self._id, self._config.takeover_after))
         self._threads = [
             threading.Thread(target=self._work, name=f"batch-worker-{i}", daemon=True)
             for i in range(self._config.workers)
         ]
-        for t in self._threads:
+        self._heart = threading.Thread(target=self._beat, name="batch-heartbeat", daemon=True)
+        for t in (*self._threads, self._heart):
             t.start()
+
+    def _adopt(self, rows: list[store.JobRow]) -> None:
+        """Take on the live jobs of runners that are gone: rejoin the rotation,
+        in their submit order, at the first pending target those whose owner
+        ``Config.resume`` gives a caller for; end the others ``interrupted``.
+        Called with the lock held, before any worker starts."""
+        wall, now = time.time(), time.monotonic()
+        for row in rows:
+            age = max(0.0, wall - row.created_at)
+            caller = self._resume(row.owner)
+            pending = [t.pos for t in row.targets if t.status == "pending"]
+            if caller is None or not pending:
+                status = self._store.interrupt_job(row.id, INTERRUPTED_HINT)
+                call_hook(self._hooks.job, status)
+                call_hook(self._hooks.job_seconds, age)
+                continue
+            job = LiveJob(
+                row.id, row.owner, caller, [Target(t.ref) for t in row.targets], now - age
+            )
+            job.next = pending[0]
+            job.started = row.status == "running"
+            job.done = sum(t.status == "done" for t in row.targets)
+            job.failed = job.next - job.done
+            self._rotation.add(job)
+        if self._rotation:
+            call_hook(self._hooks.depth, len(self._rotation))
+
+    def _resume(self, owner: str) -> C | None:
+        """The caller ``Config.resume`` gives for ``owner``'s jobs, or None."""
+        resume = self._config.resume
+        if resume is None:
+            return None
+        try:
+            caller = resume(owner)
+        except Exception:
+            log.exception("Config.resume(%r) raised; that caller's jobs end interrupted", owner)
+            return None
+        if caller is not None and getattr(caller, "id", None) != owner:
+            log.error(
+                "Config.resume(%r) gave a caller with another id; jobs end interrupted", owner
+            )
+            return None
+        return caller  # type: ignore[no-any-return]
+
+    def _beat(self) -> None:
+        """The heartbeat thread: tell the store this runner lives, until it stops."""
+        while not self._stopped.wait(self._config.takeover_after / 3):
+            try:
+                self._store.runner_heartbeat(self._id)
+            except store.StoreError:
+                log.exception("runner heartbeat failed; trying again")
 
     # -- the caller's side --------------------------------------------------
 
@@ -101,7 +166,7 @@ class Runner(Generic[C]):
         with self._lock:
             if self._closed:
                 raise RunnerClosed("the runner is closed; submit to a new Runner")
-            self._store.create_job(job_id, owner, [t.ref for t in job_targets])
+            self._store.create_job(job_id, owner, [t.ref for t in job_targets], self._id)
             self._rotation.add(LiveJob(job_id, owner, caller, job_targets, time.monotonic()))
             call_hook(self._hooks.depth, len(self._rotation))
             self._cond.notify_all()
@@ -176,7 +241,8 @@ class Runner(Generic[C]):
     def wait(self, caller: C, job_id: str, timeout: float | None = None) -> Job:
         """Block until the job is terminal and return it. Raises ``TimeoutError``
         if ``timeout`` seconds pass first, ``JobNotFound`` like :meth:`status`,
-        and ``RunnerClosed`` if the runner closed with the job unfinished."""
+        ``RunnerClosed`` if the runner closed with the job unfinished, and
+        ``BatchError`` for a live job another runner owns."""
         owner = caller_id(caller)
         job_id = _job_id(job_id)
         deadline = _deadline(timeout)
@@ -192,9 +258,8 @@ class Runner(Generic[C]):
                 self._cond.wait(min(remaining, threading.TIMEOUT_MAX))
         stored = self.status(caller, job_id)
         if not stored.terminal:
-            raise RunnerClosed(
-                f"job {job_id!r} was left unfinished by a runner that closed;"
-                " no runner is working on it"
+            raise BatchError(
+                f"job {job_id!r} is run by another runner; wait on that one, or read its status"
             )
         return stored
 
@@ -229,6 +294,14 @@ class Runner(Generic[C]):
         busy = sum(t.is_alive() for t in self._threads if t is not me)
         if busy:
             raise TimeoutError(f"{busy} workers still in a fetch after {timeout}s")
+        if not self._stopped.is_set():
+            self._stopped.set()
+            self._heart.join()
+            try:
+                # Closed: the next runner takes this one's live jobs at once.
+                self._store.retire_runner(self._id)
+            except store.StoreError:
+                log.exception("cannot mark runner %s closed; its jobs wait for the lapse", self._id)
 
     def __enter__(self) -> Runner[C]:
         return self

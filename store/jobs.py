@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import Conflict, NotFound
 from .schema import LIVE_JOB, TERMINAL_JOB
@@ -20,6 +21,8 @@ __all__ = [
     "create_job",
     "evict",
     "get_job",
+    "interrupt",
+    "runner_jobs",
     "set_job_status",
     "store_target",
     "total_bytes",
@@ -54,13 +57,20 @@ class JobRow:
 
 
 def create_job(
-    conn: sqlite3.Connection, job_id: str, owner: str, refs: Sequence[str], now: float
+    conn: sqlite3.Connection,
+    job_id: str,
+    owner: str,
+    refs: Sequence[str],
+    now: float,
+    *,
+    runner_id: str | None = None,
 ) -> None:
-    """Store a new job ``queued`` with every target ``pending``."""
+    """Store a new job ``queued`` with every target ``pending``, owned by the
+    runner ``runner_id`` (if any)."""
     conn.execute(
-        "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at)"
-        " VALUES (?, ?, 'queued', ?, ?, ?)",
-        (job_id, owner, now, now, now),
+        "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, runner_id)"
+        " VALUES (?, ?, 'queued', ?, ?, ?, ?)",
+        (job_id, owner, now, now, now, runner_id),
     )
     conn.executemany(
         "INSERT INTO targets (job_id, pos, ref) VALUES (?, ?, ?)",
@@ -161,8 +171,47 @@ def get_job(conn: sqlite3.Connection, job_id: str, owner: str) -> JobRow | None:
         " FROM jobs WHERE id = ? AND owner = ?",
         (job_id, owner),
     ).fetchone()
-    if row is None:
-        return None
+    return None if row is None else _with_targets(conn, row)
+
+
+def runner_jobs(conn: sqlite3.Connection, runner_id: str) -> list[JobRow]:
+    """The live jobs a runner owns, with their targets, in creation order."""
+    return [
+        _with_targets(conn, row)
+        for row in conn.execute(
+            "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes FROM jobs"
+            " WHERE runner_id = ? AND status IN ('queued', 'running') ORDER BY seq",
+            (runner_id,),
+        ).fetchall()
+    ]
+
+
+def interrupt(conn: sqlite3.Connection, job_id: str, hint: str, now: float) -> str:
+    """End a live job that no runner will go on with: its pending targets
+    ``failed`` with error ``interrupted`` and ``hint``, then its status by its
+    targets (all done: ``done``; all failed: ``failed``; else ``partial``).
+    Returns that status."""
+    error = "interrupted"
+    cur = conn.execute(
+        "UPDATE targets SET status = 'failed', error = ?, hint = ?"
+        " WHERE job_id = ? AND status = 'pending'",
+        (error, hint, job_id),
+    )
+    nbytes = cur.rowcount * len((error + hint).encode())
+    conn.execute("UPDATE jobs SET nbytes = nbytes + ? WHERE id = ?", (nbytes, job_id))
+    conn.execute("UPDATE job_bytes SET total = total + ?", (nbytes,))
+    done, failed = conn.execute(
+        "SELECT count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status = 'failed')"
+        " FROM targets WHERE job_id = ?",
+        (job_id,),
+    ).fetchone()
+    status = "done" if not failed else "failed" if not done else "partial"
+    set_job_status(conn, job_id, status, now)
+    return status
+
+
+def _with_targets(conn: sqlite3.Connection, row: Any) -> JobRow:
+    job_id, owner, status, created_at, updated_at, touched_at, nbytes = row
     targets = tuple(
         TargetRow(*t)
         for t in conn.execute(
@@ -171,7 +220,6 @@ def get_job(conn: sqlite3.Connection, job_id: str, owner: str) -> JobRow | None:
             (job_id,),
         )
     )
-    job_id, owner, status, created_at, updated_at, touched_at, nbytes = row
     return JobRow(job_id, owner, status, created_at, updated_at, touched_at, nbytes, targets)
 
 

@@ -141,5 +141,28 @@ _RUNS = (
     """,
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_JOBS, _RUNS)
+_RUNNERS = (
+    # Each batch runner registers here and beats while it lives. A live job
+    # belongs to the runner that accepted (or took over) it; a runner takes
+    # over only the jobs of one that closed, stopped beating, or whose process
+    # is gone.
+    """
+    CREATE TABLE runners (
+        id           TEXT    PRIMARY KEY,
+        host         TEXT    NOT NULL,
+        pid          INTEGER NOT NULL,
+        started_at   REAL    NOT NULL,
+        heartbeat_at REAL    NOT NULL,
+        closed       INTEGER NOT NULL DEFAULT 0 CHECK (closed IN (0, 1))
+    )
+    """,
+    # NULL: accepted before runners registered; any runner may take it over.
+    "ALTER TABLE jobs ADD COLUMN runner_id TEXT",
+    """
+    CREATE INDEX jobs_live ON jobs (runner_id, seq)
+    WHERE status IN ('queued', 'running')
+    """,
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_JOBS, _RUNS, _RUNNERS)
 VERSION = len(MIGRATIONS)

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import jobs, nodes, queue, record, runs
+from . import jobs, nodes, queue, record, runners, runs
 from .db import Database, Synchronous
 from .errors import StoreError
 from .jobs import JobRow
@@ -60,10 +60,13 @@ class Store:
 
     # -- batch jobs ---------------------------------------------------------
 
-    def create_job(self, job_id: str, owner: str, refs: Sequence[str]) -> None:
-        """Store a new job, ``queued``, with its targets ``pending`` in order."""
+    def create_job(
+        self, job_id: str, owner: str, refs: Sequence[str], runner_id: str | None = None
+    ) -> None:
+        """Store a new job, ``queued``, with its targets ``pending`` in order,
+        owned by runner ``runner_id``."""
         with self._db.transaction() as conn:
-            jobs.create_job(conn, job_id, owner, refs, time.time())
+            jobs.create_job(conn, job_id, owner, refs, time.time(), runner_id=runner_id)
 
     def set_job_status(self, job_id: str, status: str) -> bool:
         """Move a live job to ``status``; False if it is gone or already terminal."""
@@ -111,6 +114,36 @@ class Store:
         """Evict terminal jobs, least recently touched first, down to ``max_bytes``."""
         with self._db.transaction() as conn:
             return jobs.evict(conn, max_bytes)
+
+    def interrupt_job(self, job_id: str, hint: str) -> str:
+        """End a live job no runner will go on with (pending targets ``failed``,
+        error ``interrupted``); return its terminal status."""
+        with self._db.transaction() as conn:
+            return jobs.interrupt(conn, job_id, hint, time.time())
+
+    # -- batch runners ---------------------------------------------------------
+
+    def register_runner(self, runner_id: str) -> None:
+        """Record a runner of this process as alive."""
+        with self._db.transaction() as conn:
+            runners.register(conn, runner_id, time.time())
+
+    def runner_heartbeat(self, runner_id: str) -> None:
+        """The runner is alive now."""
+        with self._db.transaction() as conn:
+            runners.beat(conn, runner_id, time.time())
+
+    def retire_runner(self, runner_id: str) -> None:
+        """The runner closed; its live jobs may be taken over at once."""
+        with self._db.transaction() as conn:
+            runners.retire(conn, runner_id)
+
+    def take_over_jobs(self, runner_id: str, lapse: float) -> list[JobRow]:
+        """Give the runner the live jobs of every runner that is gone (closed,
+        silent for over ``lapse`` seconds, or its process exited on this
+        host); return the live jobs it owns, oldest first."""
+        with self._db.transaction() as conn:
+            return runners.take_over(conn, runner_id, time.time(), lapse)
 
     def total_bytes(self) -> int:
         """The stored bytes of every job, live and terminal."""

@@ -58,18 +58,6 @@ def test_close_cancels_a_fetch_waiting_on_its_context(db: store.Store) -> None:
     )
 
 
-def test_wait_on_a_job_a_closed_runner_left_raises(db: store.Store) -> None:
-    """A job left pending by a closed runner is not waited on forever by another."""
-    script = Script()
-    script.on("a", lambda ctx, n: ctx.wait(TIMEOUT))
-    first = runner(db, script, workers=1)
-    job_id = first.submit(ALICE, ["a", "b"])
-    script.started("a")
-    first.close()
-    with runner(db, script) as second, pytest.raises(batch.RunnerClosed, match="left unfinished"):
-        second.wait(ALICE, job_id, TIMEOUT)
-
-
 def test_close_ends_a_job_whose_last_target_was_in_flight(db: store.Store) -> None:
     """A job whose last target returns during close still ends by rule 3, and
     a waiter sees it end."""
