@@ -26,6 +26,11 @@ __all__ = ["Fetch", "Runner"]
 
 log = logging.getLogger("batch")
 
+#: Seconds between tries of a store write the store refused: doubling from
+#: the first to the most.
+BACKOFF_FIRST = 0.01
+BACKOFF_MAX = 1.0
+
 #: The hint stored with a target left pending by a runner that is gone.
 INTERRUPTED_HINT = (
     "the runner stopped before fetching this target; submit it again,"
@@ -367,12 +372,12 @@ class Runner(Generic[C]):
     def _record(self, job: LiveJob[C], outcome: Outcome) -> None:
         """Store what one fetch of ``job``'s next target came to, ending the job
         if that was its last (rule 3). Called with the lock held."""
-        job.running = False
         self._inflight -= 1
         call_hook(self._hooks.inflight, self._inflight)
         now = time.monotonic()
         self._cond.notify_all()
         if outcome.status == "busy":
+            job.running = False
             if job.busy_since is None:
                 job.busy_since = now
             if now - job.busy_since <= self._config.retry_for:
@@ -381,36 +386,17 @@ class Runner(Generic[C]):
                     self._leave(job)
                 return
             outcome = outcome.busy_too_long(self._config.retry_for)
-        done, failed = (
-            job.done + (outcome.status == "done"),
-            job.failed + (outcome.status != "done"),
+        done = job.done + (outcome.status == "done")
+        failed = job.failed + (outcome.status != "done")
+        saved = self._save(
+            job, outcome, "done" if not failed else "failed" if not done else "partial"
         )
-        last = not job.cancelled and job.next + 1 == len(job.targets)
-        end = ("done" if not failed else "failed" if not done else "partial") if last else None
-        try:
-            # The job's terminal status goes in the same transaction as its
-            # last target, after eviction (which so never takes this job).
-            self._store.store_target(
-                job.id,
-                job.next,
-                outcome.status,
-                result=outcome.result,
-                error=outcome.error,
-                hint=outcome.hint,
-                max_bytes=self._config.max_bytes,
-                job_status=end,
-            )
-        except store.NotFound:
-            # The job was cancelled (so terminal) and then evicted while this
-            # target was in flight: there is nothing left to store it in.
-            self._leave(job)
+        # Until now the job stayed marked running, so no worker could start
+        # its next target while this one's outcome waited on the store.
+        job.running = False
+        if saved is None:
             return
-        except store.StoreError:
-            # Nothing was written: memory and disk both still have the target
-            # pending, and it is fetched again after retry_wait.
-            log.exception("cannot store target %d of job %s; fetching it again", job.next, job.id)
-            job.retry_at = now + self._config.retry_wait
-            return
+        end = saved or None
         job.next += 1
         job.done, job.failed = done, failed
         job.busy_since = None
@@ -418,9 +404,64 @@ class Runner(Generic[C]):
         call_hook(self._hooks.target, outcome.err, outcome.seconds, outcome.nbytes)
         if end is not None:
             call_hook(self._hooks.job, end)
-            call_hook(self._hooks.job_seconds, now - job.created)
+            call_hook(self._hooks.job_seconds, time.monotonic() - job.created)
         if end is not None or job.cancelled:
             self._leave(job)
+
+    def _save(self, job: LiveJob[C], outcome: Outcome, by_targets: str) -> str | None:
+        """Store the outcome of ``job``'s next target, with the job's terminal
+        status ``by_targets`` if that was its last target and it is not
+        cancelled. Returns the terminal status written, ``""`` if none, or
+        None if nothing was stored. Called with the lock held.
+
+        A store that refuses the write (locked, disk full) is asked again with
+        backoff, the lock released meanwhile, until it accepts. Once the
+        runner is closing it is not asked again: the outcome is dropped and the
+        target stays pending, for the next runner to fetch again.
+        """
+        delay = BACKOFF_FIRST
+        while True:
+            # Cancel may have come while the store refused: decide each time.
+            last = not job.cancelled and job.next + 1 == len(job.targets)
+            end = by_targets if last else None
+            try:
+                # The terminal status commits with the last target, after the
+                # eviction (which so never takes this job).
+                self._store.store_target(
+                    job.id,
+                    job.next,
+                    outcome.status,
+                    result=outcome.result,
+                    error=outcome.error,
+                    hint=outcome.hint,
+                    max_bytes=self._config.max_bytes,
+                    job_status=end,
+                )
+            except store.NotFound:
+                # The job was cancelled (so terminal) and then evicted while
+                # this target was in flight: there is nothing to store it in.
+                self._leave(job)
+                return None
+            except store.StoreError:
+                if self._closed:
+                    log.exception(
+                        "runner closing: outcome of target %d of job %s dropped; it stays"
+                        " pending for the next runner",
+                        job.next,
+                        job.id,
+                    )
+                    return None
+                log.warning(
+                    "cannot store target %d of job %s; trying again in %.2gs",
+                    job.next,
+                    job.id,
+                    delay,
+                    exc_info=True,
+                )
+                self._cond.wait(delay)
+                delay = min(2 * delay, BACKOFF_MAX)
+            else:
+                return end or ""
 
     def _leave(self, job: LiveJob[C]) -> None:
         """Take a job out of the rotation, forgetting its caller."""

@@ -40,6 +40,7 @@ class Database:
             raise TypeError(f"a store path must name a text path, not {self.path!r}")
         self._lock = threading.Lock()
         self._closed = False
+        _create_private(self.path)
         try:
             # isolation_level=None: the module opens no transaction behind our
             # back; transaction() says BEGIN and COMMIT itself.
@@ -47,7 +48,7 @@ class Database:
                 self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
             )
         except sqlite3.Error as e:
-            raise StoreError(f"cannot open store {self.path!r}: {e}") from e
+            raise StoreError(f"cannot open store {self.path!r}: {e}{_advice(e)}") from e
         try:
             # sqlite3.connect reads nothing: these are the first statements to
             # find out that the file is not a database, or cannot be written.
@@ -57,7 +58,7 @@ class Database:
             self._migrate()
         except sqlite3.Error as e:
             self._conn.close()
-            raise StoreError(f"cannot open store {self.path!r}: {e}") from e
+            raise StoreError(f"cannot open store {self.path!r}: {e}{_advice(e)}") from e
         except BaseException:
             self._conn.close()
             raise
@@ -108,3 +109,33 @@ class Database:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+
+
+def _create_private(path: str) -> None:
+    """Create a new store file readable and writable by its owner only (SQLite
+    gives its -wal and -shm files the same mode). An existing file, or one in
+    a directory that does not exist, is left for SQLite to open or refuse."""
+    if path == ":memory:" or path.startswith("file:"):
+        return
+    with contextlib.suppress(FileExistsError, FileNotFoundError, NotADirectoryError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+
+
+def _advice(e: sqlite3.Error) -> str:
+    """What to do about an error that stops a store file from opening."""
+    text = str(e).lower()
+    if "not a database" in text or "malformed" in text:
+        return (
+            "; it is not a store file, or it is corrupt: restore it from a backup or"
+            " open another path"
+        )
+    if "readonly" in text or "read-only" in text:
+        return (
+            "; the store writes the file and its -wal and -shm files beside it: make the"
+            " file and its directory writable, or open a copy"
+        )
+    if "locked" in text or "busy" in text:
+        return "; another process holds it locked: try again once that process lets go"
+    if "unable to open" in text:
+        return "; check that the directory exists and that you may write in it"
+    return ""

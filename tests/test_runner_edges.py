@@ -124,13 +124,14 @@ def test_wait_takes_a_huge_timeout(db: store.Store) -> None:
 # -- store faults ----------------------------------------------------------
 
 
-def test_a_store_write_that_fails_refetches_the_target_and_loses_no_worker(
+def test_a_store_write_that_fails_is_retried_and_loses_no_worker(
     db: store.Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A target whose outcome the store refuses stays pending in memory and on
-    disk and is fetched again; the worker lives on and the job ends."""
+    """A target outcome the store refuses (locked, disk full) is written again
+    with backoff until the store takes it: fetched once, stored once; the
+    worker lives on and memory and disk agree throughout."""
     real = db.store_target
-    failures = iter([True, True])
+    failures = iter([True, True, True])
 
     def flaky(*args: object, **kwargs: object) -> list[str]:
         if next(failures, False):
@@ -143,8 +144,29 @@ def test_a_store_write_that_fails_refetches_the_target_and_loses_no_worker(
         job = r.wait(ALICE, r.submit(ALICE, ["a", "b"]), TIMEOUT)
         assert r.statistics().workers == 1
     assert job.status == "done"
-    assert script.calls == ["a", "a", "a", "b"]
-    assert "fetching it again" in caplog.text
+    assert script.calls == ["a", "b"]
+    assert caplog.text.count("trying again") == 3
+
+
+def test_close_returns_while_the_store_refuses_writes(
+    db: store.Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store that refuses every write does not hold close(): the outcome is
+    dropped, the target stays pending (and the job live) for the next runner."""
+    refused = threading.Event()
+
+    def broken(*args: object, **kwargs: object) -> list[str]:
+        refused.set()
+        raise store.StoreError("disk full")
+
+    monkeypatch.setattr(db, "store_target", broken)
+    r = runner(db, Script(), workers=1)
+    job_id = r.submit(ALICE, ["a"])
+    assert refused.wait(TIMEOUT)
+    r.close(timeout=TIMEOUT)
+    job = r.status(ALICE, job_id)
+    assert (job.status, job.targets[0].status) == ("running", "pending")
+    assert "dropped" in caplog.text
 
 
 def test_a_failing_running_write_delays_the_job_only(

@@ -1,0 +1,159 @@
+"""A store file that cannot be used says so, naming it and what to do; a new
+file is private to its owner; hostile refs are stored intact, never run."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import batch
+import store
+import store.db
+from tests.helpers import TIMEOUT, Script
+
+
+def test_a_new_store_file_is_private_to_its_owner(tmp_path: Path) -> None:
+    """The file and its -wal and -shm files are 0600; the directory is left as it was."""
+    mode_before = stat.S_IMODE(tmp_path.stat().st_mode)
+    path = tmp_path / "private.sqlite3"
+    with store.open(path) as db:
+        db.create_job("j", "alice", ["x"])
+        files = sorted(p.name for p in tmp_path.iterdir())
+        assert files == ["private.sqlite3", "private.sqlite3-shm", "private.sqlite3-wal"]
+        for name in files:
+            assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == mode_before
+    assert not stat.S_IMODE(tmp_path.stat().st_mode) & stat.S_IWOTH
+
+
+def test_an_existing_file_keeps_its_mode(tmp_path: Path) -> None:
+    path = tmp_path / "shared.sqlite3"
+    store.open(path).close()
+    path.chmod(0o640)
+    store.open(path).close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+def test_a_missing_directory_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "no" / "such" / "dir" / "x.sqlite3"
+    with pytest.raises(store.StoreError) as e:
+        store.open(path)
+    assert str(path) in str(e.value)
+    assert "directory exists" in str(e.value)
+
+
+def test_a_corrupt_file_is_named_with_what_to_do(tmp_path: Path) -> None:
+    path = tmp_path / "corrupt.sqlite3"
+    path.write_bytes(b"SQLite format 3\x00" + os.urandom(4096))
+    with pytest.raises(store.StoreError) as e:
+        store.open(path)
+    assert str(path) in str(e.value)
+    assert "backup" in str(e.value)
+
+
+@pytest.fixture
+def locked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A store file another connection holds an exclusive lock on."""
+    path = tmp_path / "locked.sqlite3"
+    store.open(path).close()
+    monkeypatch.setattr(store.db, "BUSY_TIMEOUT", 0.05)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA locking_mode = EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        yield path
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_a_locked_file_is_named_with_what_to_do(locked: Path) -> None:
+    with pytest.raises(store.StoreError) as e:
+        store.open(locked)
+    assert str(locked) in str(e.value)
+    assert "another process holds it locked" in str(e.value)
+
+
+def _immutable(path: Path) -> bool:
+    """Make ``path`` immutable (even to root); False where the system cannot."""
+    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False)
+    return done.returncode == 0
+
+
+def test_a_file_that_cannot_be_written_is_named(tmp_path: Path) -> None:
+    """A store in a directory nothing may write (not even root) is refused
+    with the file's name and what to do."""
+    folder = tmp_path / "frozen"
+    folder.mkdir()
+    path = folder / "x.sqlite3"
+    store.open(path).close()
+    if os.geteuid() != 0:
+        folder.chmod(0o500)
+        path.chmod(0o400)
+    elif not (_immutable(path) and _immutable(folder)):
+        pytest.skip("no way to make a file read-only for root here")
+    try:
+        with pytest.raises(store.StoreError) as e:
+            store.open(path)
+        assert str(path) in str(e.value)
+        assert "writ" in str(e.value)
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(folder), str(path)], check=False)
+        folder.chmod(0o700)
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "x'; DROP TABLE jobs; --",
+        'a "quoted" ref',
+        "back\\slash and % and _",
+        "ünïcödé ✓ 漢字",
+        "x" * batch.model.MAX_REF_BYTES,
+    ],
+)
+def test_hostile_refs_are_stored_intact(db: store.Store, ref: str) -> None:
+    """A ref is data: whatever it holds comes back byte for byte and runs nothing."""
+    seen: list[str] = []
+
+    def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
+        seen.append(target.ref)
+        return {"ref": target.ref}
+
+    alice = batch.Caller("alice")
+    with batch.Runner(db, fetch) as r:
+        job = r.wait(alice, r.submit(alice, [ref]), TIMEOUT)
+    assert seen == [ref]
+    assert job.targets[0].target.ref == ref
+    assert job.targets[0].result == {"ref": ref}
+    assert db.total_bytes() > 0
+
+
+def test_unknown_and_foreign_ids_take_the_same_path(db: store.Store) -> None:
+    """Another caller's job is looked up exactly as an unknown one: the same
+    single query, the same error and message."""
+    statements: list[str] = []
+    alice, bob = batch.Caller("alice"), batch.Caller("bob")
+    with batch.Runner(db, Script()) as r:
+        job_id = r.wait(alice, r.submit(alice, ["x"]), TIMEOUT).id
+        conn = db._db._conn
+        conn.set_trace_callback(statements.append)
+        try:
+            errors = []
+            for probe in (job_id, "f" * 32):
+                with pytest.raises(batch.JobNotFound) as e:
+                    r.status(bob, probe)
+                errors.append(str(e.value).replace(probe, "ID"))
+        finally:
+            conn.set_trace_callback(None)
+    assert errors[0] == errors[1]
+    selects = [s for s in statements if s.startswith("SELECT")]
+    assert len(selects) == 2
+    assert selects[0].replace(job_id, "ID") == selects[1].replace("f" * 32, "ID")
