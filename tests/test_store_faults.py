@@ -157,3 +157,64 @@ def test_unknown_and_foreign_ids_take_the_same_path(db: store.Store) -> None:
     selects = [s for s in statements if s.startswith("SELECT")]
     assert len(selects) == 2
     assert selects[0].replace(job_id, "ID") == selects[1].replace("f" * 32, "ID")
+
+
+class FlakyConnection:
+    """Wraps a sqlite3 connection: the first ``times`` statements that start
+    with ``prefix`` raise ``sqlite3.OperationalError(message)``, as a locked
+    file or a full disk would."""
+
+    def __init__(self, conn: sqlite3.Connection, prefix: str, message: str, times: int) -> None:
+        self._conn = conn
+        self._prefix = prefix
+        self._message = message
+        self.left = times
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+        if self.left and sql.lstrip().startswith(self._prefix):
+            self.left -= 1
+            raise sqlite3.OperationalError(self._message)
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._conn, name)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "message"),
+    [("UPDATE targets", "database is locked"), ("COMMIT", "database or disk is full")],
+)
+def test_sqlite_errors_under_the_runner_lose_nothing(
+    db: store.Store, monkeypatch: pytest.MonkeyPatch, prefix: str, message: str
+) -> None:
+    """SQLite refusing statements (locked, disk full, even at COMMIT) under a
+    running runner: every target is fetched once and stored once, the jobs
+    end as their targets say, and the file stays whole."""
+    script = Script()
+    alice = batch.Caller("alice")
+    refs = [[f"j{j}-{i}" for i in range(4)] for j in range(3)]
+    refused = 0
+
+    def submit(r: batch.Runner[batch.Caller], job_refs: list[str]) -> str:
+        nonlocal refused
+        while True:
+            try:
+                return r.submit(alice, job_refs)
+            except store.StoreError:
+                refused += 1  # the caller is told, and nothing was stored
+
+    with batch.Runner(db, script, batch.Config(workers=2)) as r:
+        flaky = FlakyConnection(db._db._conn, prefix, message, times=5)
+        monkeypatch.setattr(db._db, "_conn", flaky)
+        ids = [submit(r, job_refs) for job_refs in refs]
+        jobs = [r.wait(alice, job_id, TIMEOUT) for job_id in ids]
+    assert flaky.left == 0
+    with db._db.transaction(write=False) as conn:
+        assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (3,)
+    assert sorted(script.calls) == sorted(ref for job_refs in refs for ref in job_refs)
+    assert [j.status for j in jobs] == ["done"] * 3
+    assert [[t.result for t in j.targets] for j in jobs] == [
+        [{"ref": ref} for ref in job_refs] for job_refs in refs
+    ]
+    with db._db.transaction(write=False) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
