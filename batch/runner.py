@@ -112,7 +112,7 @@ class Runner(Generic[C]):
         """Take on the live jobs of runners that are gone: rejoin the rotation,
         in their submit order, at the first pending target those whose owner
         ``Config.resume`` gives a caller for; end the others ``interrupted``.
-        Called with the lock held, before any worker starts."""
+        Called with the lock held."""
         wall, now = time.time(), time.monotonic()
         for row in rows:
             age = max(0.0, wall - row.created_at)
@@ -131,7 +131,6 @@ class Runner(Generic[C]):
             job.done = sum(t.status == "done" for t in row.targets)
             job.failed = job.next - job.done
             self._rotation.add(job)
-        if self._rotation:
             call_hook(self._hooks.depth, len(self._rotation))
 
     def _resume(self, owner: str) -> C | None:
@@ -152,10 +151,17 @@ class Runner(Generic[C]):
         return caller  # type: ignore[no-any-return]
 
     def _beat(self) -> None:
-        """The heartbeat thread: tell the store this runner lives, until it stops."""
-        while not self._stopped.wait(self._config.takeover_after / 3):
+        """The heartbeat thread: tell the store this runner lives and take over
+        the jobs of runners that have gone meanwhile, until it stops."""
+        lapse = self._config.takeover_after
+        while not self._stopped.wait(lapse / 3):
             try:
                 self._store.runner_heartbeat(self._id)
+                with self._lock:
+                    if self._closed:
+                        continue  # retired at close: the next runner takes them
+                    self._adopt(self._store.take_over_jobs(self._id, lapse))
+                    self._cond.notify_all()
             except store.StoreError:
                 log.exception("runner heartbeat failed; trying again")
 

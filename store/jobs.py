@@ -22,7 +22,7 @@ __all__ = [
     "evict",
     "get_job",
     "interrupt",
-    "runner_jobs",
+    "load_jobs",
     "set_job_status",
     "store_target",
     "total_bytes",
@@ -174,16 +174,17 @@ def get_job(conn: sqlite3.Connection, job_id: str, owner: str) -> JobRow | None:
     return None if row is None else _with_targets(conn, row)
 
 
-def runner_jobs(conn: sqlite3.Connection, runner_id: str) -> list[JobRow]:
-    """The live jobs a runner owns, with their targets, in creation order."""
-    return [
-        _with_targets(conn, row)
-        for row in conn.execute(
-            "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes FROM jobs"
-            " WHERE runner_id = ? AND status IN ('queued', 'running') ORDER BY seq",
-            (runner_id,),
+def load_jobs(conn: sqlite3.Connection, job_ids: Sequence[str]) -> list[JobRow]:
+    """These jobs, with their targets, in creation order."""
+    rows: list[Any] = []
+    for start in range(0, len(job_ids), 500):
+        chunk = job_ids[start : start + 500]
+        rows += conn.execute(
+            "SELECT seq, id, owner, status, created_at, updated_at, touched_at, nbytes FROM jobs"
+            f" WHERE id IN ({', '.join('?' * len(chunk))})",
+            chunk,
         ).fetchall()
-    ]
+    return [_with_targets(conn, row[1:]) for row in sorted(rows)]
 
 
 def interrupt(conn: sqlite3.Connection, job_id: str, hint: str, now: float) -> str:

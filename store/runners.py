@@ -42,8 +42,7 @@ def retire(conn: sqlite3.Connection, runner_id: str) -> None:
 
 def take_over(conn: sqlite3.Connection, runner_id: str, now: float, lapse: float) -> list[JobRow]:
     """Give ``runner_id`` the live jobs of every runner that is gone, and of
-    none; forget the gone runners. Returns the live jobs ``runner_id`` now
-    owns, oldest first."""
+    none; forget the gone runners. Returns the jobs it took, oldest first."""
     gone = [
         (other,)
         for other, host, pid, heartbeat_at, closed in conn.execute(
@@ -52,12 +51,13 @@ def take_over(conn: sqlite3.Connection, runner_id: str, now: float, lapse: float
         if closed or heartbeat_at < now - lapse or (host == HOST and not pid_alive(pid))
     ]
     conn.executemany("DELETE FROM runners WHERE id = ?", gone)
-    conn.execute(
+    taken = conn.execute(
         "UPDATE jobs SET runner_id = ? WHERE status IN ('queued', 'running')"
-        " AND (runner_id IS NULL OR runner_id NOT IN (SELECT id FROM runners))",
+        " AND (runner_id IS NULL OR runner_id NOT IN (SELECT id FROM runners))"
+        " RETURNING id",
         (runner_id,),
-    )
-    return jobs.runner_jobs(conn, runner_id)
+    ).fetchall()
+    return jobs.load_jobs(conn, [job_id for (job_id,) in taken])
 
 
 def pid_alive(pid: int) -> bool:

@@ -141,7 +141,7 @@ class Store:
     def take_over_jobs(self, runner_id: str, lapse: float) -> list[JobRow]:
         """Give the runner the live jobs of every runner that is gone (closed,
         silent for over ``lapse`` seconds, or its process exited on this
-        host); return the live jobs it owns, oldest first."""
+        host); return the jobs it took, oldest first."""
         with self._db.transaction() as conn:
             return runners.take_over(conn, runner_id, time.time(), lapse)
 

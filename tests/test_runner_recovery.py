@@ -166,3 +166,19 @@ def test_jobs_of_a_killed_process_are_taken_over_at_once(tmp_path: Path) -> None
     assert [j.status for j in jobs] == ["done", "done"]
     # t1 of the first job was in flight when the child died: fetched again.
     assert [t.result for t in jobs[0].targets] == [{"ref": "t1"}, {"ref": "t2"}]
+
+
+def test_a_live_runner_takes_over_jobs_of_one_that_goes_silent(
+    db: store.Store, clock: Clock
+) -> None:
+    """Jobs of a runner that stops beating are taken over within seconds by
+    a runner already running, not only by one that starts later."""
+    hooks = Recorder()
+    config = batch.Config(takeover_after=0.3, resume=lambda cid: ALICE)
+    with batch.Runner(db, Script(), config, hooks) as live:
+        db.register_runner("silent")
+        db.create_job("j1", "alice", ["x", "y"], "silent")
+        clock.tick(1)  # "silent" last beat a second ago: gone
+        hooks.wait_for(lambda h: h.jobs == ["done"])
+        job = live.status(ALICE, "j1")
+    assert [t.result for t in job.targets] == [{"ref": "x"}, {"ref": "y"}]
