@@ -28,6 +28,7 @@ TIMEOUT = 10.0
 RETRY_WAIT = 0.001
 RETRY_FOR = 0.02
 SECRET = "stress-secret-91d4"
+ENDED = ("done", "failed", "partial", "cancelled")
 
 #: What a target's fetch does: return a value; raise TargetError; come back
 #: busy once, then return a value; come back busy every time; raise something
@@ -267,6 +268,9 @@ def test_many_jobs_end_as_planned(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
                     k = rng.randrange(max(0, len(ids) - recent), len(ids))
                     ok = runner.cancel(Owner(plans[k].owner), ids[k])
                     cancels.setdefault(k, []).append(ok)
+                    # Refused: the job had ended, and the store says so.
+                    after = runner.status(Owner(plans[k].owner), ids[k]).status
+                    assert (after == "cancelled") if ok else (after in ENDED), f"job {k}: {after}"
 
             for k, plan in enumerate(plans):
                 owner = Owner(plan.owner)
@@ -280,7 +284,8 @@ def test_many_jobs_end_as_planned(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
             deadline = time.monotonic() + BUDGET
             for k, plan in enumerate(plans):
-                job = runner.wait(Owner(plan.owner), ids[k], timeout=deadline - time.monotonic())
+                left = max(0.0, deadline - time.monotonic())
+                job = runner.wait(Owner(plan.owner), ids[k], timeout=left)
                 assert job.terminal, f"job {k}: {job.status}"
             ended = time.monotonic()
             # The last job out of the rotation: every target is stored and
