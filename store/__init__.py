@@ -6,7 +6,7 @@ with store.open("jobs.sqlite3") as db:
 """
 
 from .errors import Conflict, InvalidRun, NotFound, StoreError, Unsatisfiable
-from .jobs import JobRow, TargetRow
+from .jobs import JobRow, JobSummary, TargetRow
 from .record import label
 from .shapes import Advert, Assigned, Assignment, Claim, RunView, Step, StepView
 from .store import Store, open
@@ -19,6 +19,7 @@ __all__ = [
     "Conflict",
     "InvalidRun",
     "JobRow",
+    "JobSummary",
     "NotFound",
     "RunView",
     "Step",

@@ -6,6 +6,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -30,7 +31,9 @@ class Database:
     before it lets go of the lock.
     """
 
-    def __init__(self, path: str | Path, *, synchronous: Synchronous = "NORMAL") -> None:
+    def __init__(
+        self, path: str | Path, *, synchronous: Synchronous = "NORMAL", readonly: bool = False
+    ) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
         if not isinstance(path, str | os.PathLike):
@@ -38,24 +41,35 @@ class Database:
         self.path = os.fspath(path)
         if not isinstance(self.path, str):
             raise TypeError(f"a store path must name a text path, not {self.path!r}")
+        self.readonly = readonly
         self._lock = threading.Lock()
         self._closed = False
-        _create_private(self.path)
+        if readonly:
+            _check_exists(self.path)
+        else:
+            _create_private(self.path)
         try:
             # isolation_level=None: the module opens no transaction behind our
             # back; transaction() says BEGIN and COMMIT itself.
             self._conn = sqlite3.connect(
-                self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+                _readonly_uri(self.path) if readonly else self.path,
+                timeout=BUSY_TIMEOUT,
+                isolation_level=None,
+                check_same_thread=False,
+                uri=readonly,
             )
         except sqlite3.Error as e:
             raise StoreError(f"cannot open store {self.path!r}: {e}{_advice(e)}") from e
         try:
             # sqlite3.connect reads nothing: these are the first statements to
             # find out that the file is not a database, or cannot be written.
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute(f"PRAGMA synchronous = {synchronous}")
-            self._conn.execute("PRAGMA foreign_keys = ON")
-            self._migrate()
+            if readonly:
+                self._check_version()
+            else:
+                self._conn.execute("PRAGMA journal_mode = WAL")
+                self._conn.execute(f"PRAGMA synchronous = {synchronous}")
+                self._conn.execute("PRAGMA foreign_keys = ON")
+                self._migrate()
         except sqlite3.Error as e:
             self._conn.close()
             raise StoreError(f"cannot open store {self.path!r}: {e}{_advice(e)}") from e
@@ -63,14 +77,22 @@ class Database:
             self._conn.close()
             raise
 
+    def _check_version(self) -> None:
+        """Refuse to read a file whose schema is not this library's."""
+        (version,) = self._conn.execute("PRAGMA user_version").fetchone()
+        if version == 0:
+            raise StoreError(f"{self.path!r} is not a store file (it holds no store tables)")
+        if version < VERSION:
+            raise StoreError(
+                f"store {self.path!r} has schema version {version}, older than this library's"
+                f" {VERSION}: open it once for writing to upgrade it"
+            )
+        _check_not_newer(self.path, version)
+
     def _migrate(self) -> None:
         with self.transaction() as conn:
             (version,) = conn.execute("PRAGMA user_version").fetchone()
-            if version > VERSION:
-                raise StoreError(
-                    f"store {self.path!r} has schema version {version}, newer than this "
-                    f"library's {VERSION}: upgrade the library to open it"
-                )
+            _check_not_newer(self.path, version)
             for step in MIGRATIONS[version:]:
                 for statement in step:
                     conn.execute(statement)
@@ -89,6 +111,8 @@ class Database:
         with self._lock:
             if self._closed:
                 raise StoreError(f"store {self.path!r} is closed")
+            if write and self.readonly:
+                raise StoreError(f"store {self.path!r} is open for reading only")
             try:
                 self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 try:
@@ -109,6 +133,26 @@ class Database:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+
+
+def _check_not_newer(path: str, version: int) -> None:
+    if version > VERSION:
+        raise StoreError(
+            f"store {path!r} has schema version {version}, newer than this "
+            f"library's {VERSION}: upgrade the library to open it"
+        )
+
+
+def _check_exists(path: str) -> None:
+    """Refuse to open, for reading, a file that is not there (SQLite would say
+    only that it cannot open it)."""
+    if not os.path.isfile(path):
+        raise StoreError(f"no store file at {path!r}: check the path")
+
+
+def _readonly_uri(path: str) -> str:
+    """The URI that opens ``path`` for reading only."""
+    return "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
 
 
 def _create_private(path: str) -> None:

@@ -17,10 +17,13 @@ from .schema import LIVE_JOB, TERMINAL_JOB
 
 __all__ = [
     "JobRow",
+    "JobSummary",
     "TargetRow",
     "create_job",
     "evict",
+    "find_job",
     "get_job",
+    "list_jobs",
     "interrupt",
     "load_jobs",
     "set_job_status",
@@ -54,6 +57,21 @@ class JobRow:
     touched_at: float
     nbytes: int
     targets: tuple[TargetRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """One stored job without its targets: how many are in each status."""
+
+    id: str
+    owner: str
+    status: str
+    created_at: float
+    updated_at: float
+    nbytes: int
+    done: int
+    failed: int
+    pending: int
 
 
 def create_job(
@@ -172,6 +190,33 @@ def get_job(conn: sqlite3.Connection, job_id: str, owner: str) -> JobRow | None:
         (job_id, owner),
     ).fetchone()
     return None if row is None else _with_targets(conn, row)
+
+
+def find_job(conn: sqlite3.Connection, job_id: str) -> JobRow | None:
+    """The job with its targets, whoever owns it, or None."""
+    row = conn.execute(
+        "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes"
+        " FROM jobs WHERE id = ?",
+        (job_id,),
+    ).fetchone()
+    return None if row is None else _with_targets(conn, row)
+
+
+def list_jobs(
+    conn: sqlite3.Connection, *, owner: str | None = None, status: str | None = None
+) -> list[JobSummary]:
+    """Every job (of ``owner``, in ``status``, when given) in creation order."""
+    rows = conn.execute(
+        "SELECT id, owner, jobs.status, created_at, updated_at, nbytes,"
+        " count(*) FILTER (WHERE targets.status = 'done'),"
+        " count(*) FILTER (WHERE targets.status = 'failed'),"
+        " count(*) FILTER (WHERE targets.status = 'pending')"
+        " FROM jobs JOIN targets ON targets.job_id = jobs.id"
+        " WHERE (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR jobs.status = ?2)"
+        " GROUP BY jobs.seq ORDER BY jobs.seq",
+        (owner, status),
+    )
+    return [JobSummary(*row) for row in rows]
 
 
 def load_jobs(conn: sqlite3.Connection, job_ids: Sequence[str]) -> list[JobRow]:

@@ -14,7 +14,7 @@ from typing import Any
 from . import jobs, nodes, queue, record, runners, runs
 from .db import Database, Synchronous
 from .errors import StoreError
-from .jobs import JobRow
+from .jobs import JobRow, JobSummary
 from .shapes import RUN_STATES, Advert, Claim, RunView, Step
 
 __all__ = ["Store", "open"]
@@ -104,6 +104,18 @@ class Store:
         """The job and its targets, or None if ``owner`` has no such job."""
         with self._db.transaction(write=False) as conn:
             return jobs.get_job(conn, job_id, owner)
+
+    def find_job(self, job_id: str) -> JobRow | None:
+        """The job and its targets whoever owns it, or None: for an operator's
+        tools. A service answering its callers uses :meth:`get_job`."""
+        with self._db.transaction(write=False) as conn:
+            return jobs.find_job(conn, job_id)
+
+    def list_jobs(self, *, owner: str | None = None, status: str | None = None) -> list[JobSummary]:
+        """Every stored job, in creation order, with its target counts; only
+        ``owner``'s, or only those in ``status``, when given."""
+        with self._db.transaction(write=False) as conn:
+            return jobs.list_jobs(conn, owner=owner, status=status)
 
     def touch_job(self, job_id: str, owner: str) -> bool:
         """Mark the job used now, so eviction takes it last; False if unknown."""
@@ -268,9 +280,13 @@ def open(
     lease_ttl: float = 30.0,
     max_leases_per_run: int = 4,
     synchronous: Synchronous = "NORMAL",
+    readonly: bool = False,
 ) -> Store:
     """Open (creating or migrating) the store file at ``path``, then wake the
     queue (capacity may have freed while no one had it open).
+
+    ``readonly=True`` opens an existing store for reading only: nothing is
+    created, migrated or woken, and every writing method raises ``StoreError``.
 
     ``lease_ttl``: seconds a lease lasts unless renewed; 0 places no run.
     ``max_leases_per_run``: the most nodes one run may hold.
@@ -287,9 +303,10 @@ def open(
     if max_leases_per_run < 1:
         raise ValueError(f"max_leases_per_run must be at least 1, not {max_leases_per_run}")
     db = Store(
-        Database(path, synchronous=synchronous),
+        Database(path, synchronous=synchronous, readonly=readonly),
         lease_ttl=lease_ttl,
         max_leases_per_run=max_leases_per_run,
     )
-    db._wake("open")
+    if not readonly:
+        db._wake("open")
     return db

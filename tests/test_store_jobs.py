@@ -801,3 +801,56 @@ def test_two_stores_write_concurrently(tmp_path: Path) -> None:
                     assert [t.status for t in job.targets] == ["done"] * ntargets
                     assert job.nbytes == per_job
             assert db.total_bytes() == 4 * njobs * per_job
+
+
+# -- reading a store: the operator's views and read-only opening ---------------
+
+
+def test_list_jobs_counts_targets_and_filters(db: store.Store) -> None:
+    db.create_job("j1", "alice", ["a", "b", "c"])
+    db.create_job("j2", "bob", ["x"])
+    db.store_target("j1", 0, "done", result="1")
+    db.store_target("j1", 1, "failed", error="boom")
+    db.store_target("j2", 0, "done", result="2", job_status="done")
+    summaries = db.list_jobs()
+    assert [(s.id, s.owner, s.status, s.done, s.failed, s.pending) for s in summaries] == [
+        ("j1", "alice", "queued", 1, 1, 1),
+        ("j2", "bob", "done", 1, 0, 0),
+    ]
+    assert summaries[0].nbytes == utf8_len("1", "boom")
+    assert [s.id for s in db.list_jobs(owner="bob")] == ["j2"]
+    assert [s.id for s in db.list_jobs(status="queued")] == ["j1"]
+    assert db.list_jobs(owner="carol") == []
+
+
+def test_find_job_reads_any_owner(db: store.Store) -> None:
+    db.create_job("j1", "alice", ["a"])
+    assert db.find_job("j1") == db.get_job("j1", "alice")
+    assert db.find_job("nope") is None
+
+
+def test_readonly_open_reads_and_refuses_writes(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    with store.open(path) as db:
+        db.create_job("j1", "alice", ["a"])
+    with store.open(path, readonly=True) as ro:
+        assert ro.find_job("j1") is not None
+        with pytest.raises(store.StoreError, match="reading only"):
+            ro.create_job("j2", "alice", ["a"])
+    with store.open(path, readonly=True) as ro:
+        assert [s.id for s in ro.list_jobs()] == ["j1"]
+
+
+def test_readonly_open_of_a_missing_file_creates_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "missing.sqlite3"
+    with pytest.raises(store.StoreError, match="no store file"):
+        store.open(path, readonly=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_readonly_open_refuses_a_file_that_is_not_a_store(tmp_path: Path) -> None:
+    path = tmp_path / "empty.sqlite3"
+    sqlite3.connect(path).close()
+    path.write_bytes(b"")
+    with pytest.raises(store.StoreError, match="not a store file"):
+        store.open(path, readonly=True)
