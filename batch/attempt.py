@@ -37,21 +37,25 @@ class Outcome:
     error: str | None = None
     hint: str | None = None
     err: BaseException | None = None
+    #: For ``busy``: the seconds the upstream asked to wait (``RetryLater.after``).
+    after: float = 0.0
 
     @property
     def nbytes(self) -> int:
         """Bytes of result JSON."""
         return 0 if self.result is None else len(self.result.encode())
 
-    def busy_too_long(self, retry_for: float) -> Outcome:
+    def busy_too_long(self, retry_for: float, asked: bool = False) -> Outcome:
         """This busy outcome, turned into the failure stored when it has been
-        busy for longer than ``retry_for`` seconds."""
+        busy for longer than ``retry_for`` seconds, or (``asked``) when the
+        wait the upstream asked for ends past that."""
+        why = (
+            f"the upstream asked to wait {self.after:g}s, past retry_for={retry_for:g}s"
+            if asked
+            else f"still busy after retrying for {retry_for:g}s"
+        )
         return Outcome(
-            "failed",
-            self.seconds,
-            error=self.error,
-            hint=f"still busy after retrying for {retry_for:g}s; try again later",
-            err=self.err,
+            "failed", self.seconds, error=self.error, hint=f"{why}; try again later", err=self.err
         )
 
 
@@ -95,7 +99,9 @@ def _failure(exc: BaseException, seconds: float, target: Target) -> Outcome:
         return Outcome("failed", seconds, error=_text(exc.msg), hint=hint, err=exc)
     busy = _retry_later(exc)
     if busy is not None:
-        return Outcome("busy", seconds, error=_text(busy) or "upstream busy", err=exc)
+        return Outcome(
+            "busy", seconds, error=_text(busy) or "upstream busy", err=exc, after=busy.after or 0.0
+        )
     log.error("fetch of %r raised; stored as %r", target.ref, INTERNAL_ERROR, exc_info=exc)
     return Outcome("failed", seconds, error=INTERNAL_ERROR, err=exc)
 

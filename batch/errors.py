@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 __all__ = ["BatchError", "InvalidJob", "JobNotFound", "RetryLater", "RunnerClosed", "TargetError"]
 
 
@@ -13,8 +15,20 @@ class RetryLater(BatchError):
     """Raised by a fetch whose upstream is only busy: the target stays pending and
     is tried again after ``Config.retry_wait``, for up to ``Config.retry_for``.
 
-    Also recognised in the ``__cause__``/``__context__`` chain of what fetch raises.
+    ``after``: seconds the upstream asked to wait (an HTTP ``Retry-After``);
+    the next try waits at least that long, and a target that could only be
+    tried again past ``retry_for`` fails at once. Also recognised in the
+    ``__cause__``/``__context__`` chain of what fetch raises.
     """
+
+    def __init__(self, msg: str = "upstream busy", *, after: float | None = None) -> None:
+        if after is not None:
+            if not isinstance(after, int | float) or isinstance(after, bool):
+                raise TypeError(f"after is a number of seconds, not {type(after).__name__}")
+            if not math.isfinite(after) or after < 0:
+                raise ValueError(f"after must be a finite number of seconds >= 0, not {after}")
+        super().__init__(msg)
+        self.after = after
 
 
 class TargetError(BatchError):

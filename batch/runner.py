@@ -386,12 +386,14 @@ class Runner(Generic[C]):
             job.running = False
             if job.busy_since is None:
                 job.busy_since = now
-            if now - job.busy_since <= self._config.retry_for:
-                job.retry_at = now + self._config.retry_wait
+            retry_for = self._config.retry_for
+            asked = now + outcome.after - job.busy_since > retry_for
+            if now - job.busy_since <= retry_for and not asked:
+                job.retry_at = now + max(self._config.retry_wait, outcome.after)
                 if job.cancelled:
                     self._leave(job)
                 return
-            outcome = outcome.busy_too_long(self._config.retry_for)
+            outcome = outcome.busy_too_long(retry_for, asked)
         done = job.done + (outcome.status == "done")
         failed = job.failed + (outcome.status != "done")
         saved = self._save(

@@ -8,7 +8,7 @@ with store.open("jobs.sqlite3") as db:
 from .errors import Conflict, InvalidRun, NotFound, StoreError, Unsatisfiable
 from .jobs import JobRow, JobSummary, TargetRow
 from .record import label
-from .shapes import Advert, Assigned, Assignment, Claim, RunView, Step, StepView
+from .shapes import Advert, Assigned, Assignment, Claim, NodeView, RunView, Step, StepView
 from .store import Store, open
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "InvalidRun",
     "JobRow",
     "JobSummary",
+    "NodeView",
     "NotFound",
     "RunView",
     "Step",

@@ -10,9 +10,9 @@ import sqlite3
 
 from .errors import NotFound
 from .match import labels
-from .shapes import Advert
+from .shapes import Advert, NodeView
 
-__all__ = ["advertise", "adverts", "require", "set_draining", "unavailable"]
+__all__ = ["advertise", "adverts", "list_nodes", "require", "set_draining", "unavailable"]
 
 
 def advertise(conn: sqlite3.Connection, advert: Advert, now: float) -> None:
@@ -63,6 +63,17 @@ def adverts(conn: sqlite3.Connection) -> dict[str, Advert]:
         node_id: Advert(node_id, name, frozenset(json.loads(caps)))
         for node_id, name, caps in conn.execute("SELECT id, name, caps FROM nodes")
     }
+
+
+def list_nodes(conn: sqlite3.Connection) -> list[NodeView]:
+    """Every node, by id, with the lease it holds."""
+    return [
+        NodeView(node_id, name, frozenset(json.loads(caps)), bool(draining), seen, run, until)
+        for node_id, name, caps, draining, seen, run, until in conn.execute(
+            "SELECT id, name, caps, draining, last_seen, run_id, not_after"
+            " FROM nodes LEFT JOIN leases ON leases.node_id = nodes.id ORDER BY id"
+        )
+    ]
 
 
 def unavailable(conn: sqlite3.Connection) -> set[str]:

@@ -13,6 +13,7 @@ __all__ = [
     "Assigned",
     "Assignment",
     "Claim",
+    "NodeView",
     "RunView",
     "Step",
     "StepView",
@@ -72,6 +73,21 @@ class Claim:
     kind: str
     needs: frozenset[str]
     not_after: float
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A node as an operator sees it: what it advertised, whether it drains,
+    when it was last seen, and the lease it holds (``run_id`` and its
+    ``not_after``, both None when it is free)."""
+
+    node_id: str
+    name: str
+    caps: frozenset[str]
+    draining: bool
+    last_seen: float
+    run_id: str | None
+    not_after: float | None
 
 
 @dataclass(frozen=True, slots=True)

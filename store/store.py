@@ -15,7 +15,7 @@ from . import jobs, nodes, queue, record, runners, runs
 from .db import Database, Synchronous
 from .errors import StoreError
 from .jobs import JobRow, JobSummary
-from .shapes import RUN_STATES, Advert, Claim, RunView, Step
+from .shapes import RUN_STATES, Advert, Claim, NodeView, RunView, Step
 
 __all__ = ["Store", "open"]
 
@@ -180,6 +180,11 @@ class Store:
         with self._db.transaction() as conn:
             nodes.set_draining(conn, node_id, False)
         self._wake(f"undrain {node_id}")
+
+    def list_nodes(self) -> list[NodeView]:
+        """Every advertised node, by id, with the lease it holds if busy."""
+        with self._db.transaction(write=False) as conn:
+            return nodes.list_nodes(conn)
 
     def unavailable_nodes(self) -> set[str]:
         """Nodes no run may be placed on now: busy (leased) or draining."""

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import batch
 import store
-from tests.helpers import TIMEOUT, Recorder, Script
+from tests.helpers import TIMEOUT, Recorder, Script, raising
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -352,3 +354,46 @@ def test_readme_example_runs_to_done(tmp_path: Path) -> None:
         {"ref": "doc-1", "size": 5},
         {"ref": "doc-2", "size": 5},
     ]
+
+
+# -- the wait an upstream asks for (RetryLater.after) ---------------------------
+
+
+def test_retry_later_after_holds_the_next_try_back_that_long(db: store.Store) -> None:
+    """A busy upstream that says how long to wait is not asked again sooner,
+    even when retry_wait is shorter."""
+    tries: list[float] = []
+
+    def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
+        tries.append(time.monotonic())
+        if len(tries) == 1:
+            raise batch.RetryLater("429 Too Many Requests", after=0.2)
+        return "ok"
+
+    with runner(db, fetch, workers=2, retry_wait=0.001) as r:
+        job = r.wait(ALICE, r.submit(ALICE, ["a"]), TIMEOUT)
+    assert job.status == "done"
+    assert tries[1] - tries[0] >= 0.2
+
+
+def test_retry_later_after_past_retry_for_fails_at_once(db: store.Store) -> None:
+    """Waiting as long as the upstream asks would outlast retry_for: the
+    target fails now, with a hint saying so, instead of holding its job."""
+    script = Script()
+    script.on("a", raising(batch.RetryLater("busy", after=120)))
+    with runner(db, script, retry_for=60) as r:
+        job = r.wait(ALICE, r.submit(ALICE, ["a"]), TIMEOUT)
+    assert job.status == "failed"
+    assert job.targets[0].error == "busy"
+    assert job.targets[0].hint == (
+        "the upstream asked to wait 120s, past retry_for=60s; try again later"
+    )
+
+
+@pytest.mark.parametrize(
+    ("after", "error"),
+    [(-1, ValueError), (math.inf, ValueError), ("1", TypeError), (True, TypeError)],
+)
+def test_retry_later_refuses_a_bad_after(after: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="after"):
+        batch.RetryLater("busy", after=after)  # type: ignore[arg-type]

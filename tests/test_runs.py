@@ -1101,3 +1101,14 @@ def test_one_wake_scans_past_many_pages_of_the_queue(tmp_path: Path) -> None:
         running = [r.run_id for r in db.list_runs("RUNNING")]
         assert running == [ids[0], ids[1], *ids[2::2]]
         assert [r.run_id for r in db.list_runs("QUEUED")] == ids[3::2]
+
+
+def test_list_nodes_shows_caps_draining_and_the_lease_held(db: store.Store, clock: Clock) -> None:
+    advertise(db, "n1", "linux", name="box-1")
+    advertise(db, "n2", "gpu")
+    db.drain("n2")
+    run = db.submit_run([step("build", "linux")])
+    n1, n2 = db.list_nodes()
+    assert (n1.node_id, n1.name, n1.caps, n1.draining) == ("n1", "box-1", {"linux"}, False)
+    assert (n1.run_id, n1.not_after) == (run.run_id, clock.now + db.lease_ttl)
+    assert (n2.node_id, n2.draining, n2.run_id, n2.not_after) == ("n2", True, None, None)
