@@ -1,0 +1,512 @@
+"""The operator's command line for the run scheduler::
+
+    python -m store [--db PATH] nodes|runs|show|queue|wake|reap|drain|undrain
+
+Views (``nodes``, ``runs``, ``show``, ``queue``) open the store read-only and
+never change the file. Actions (``wake``, ``reap``, ``drain``, ``undrain``)
+open it for writing, but only once it is known to hold a store: they never
+create one. Every command prints an aligned table, or JSON with ``--json``.
+
+Exit status: 0 on success; 1 when the run shown ended FAILED or the operation
+failed (one line on stderr says why); 2 on bad usage; 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NoReturn
+
+from .errors import StoreError
+from .shapes import RUN_STATES, NodeView, RunView
+from .store import Store
+from .store import open as open_store
+
+__all__ = ["main"]
+
+#: The environment variable naming the store file when ``--db`` is not given.
+STORE_DB = "STORE_DB"
+#: The store file when neither ``--db`` nor ``$STORE_DB`` names one.
+DEFAULT_DB = "store.sqlite3"
+#: What a table shows in an empty cell.
+EMPTY = "-"
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """What a command prints: ``data`` as JSON with ``--json``, else ``text``;
+    and the exit status."""
+
+    data: Any
+    text: str
+    status: int = 0
+
+
+# -- opening the store -----------------------------------------------------------
+
+
+def open_view(path: str) -> Store:
+    """The store at ``path``, read-only: nothing is created, migrated or written."""
+    return open_store(path, readonly=True)
+
+
+def open_to_act(args: argparse.Namespace) -> Store:
+    """The store at ``args.db``, open for changes. A path that does not hold a
+    store already is refused (``StoreError``): an action never creates a store,
+    nor turns another SQLite file into one."""
+    open_view(args.db).close()
+    return open_store(args.db, lease_ttl=args.lease_ttl, max_leases_per_run=args.max_leases_per_run)
+
+
+# -- formatting --------------------------------------------------------------------
+
+
+def align(rows: Sequence[Sequence[str]]) -> str:
+    """The rows as lines, each column as wide as its widest cell, two spaces apart."""
+    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """An aligned table: the header, then one line per row."""
+    return align([header, *rows])
+
+
+def duration(seconds: float) -> str:
+    """A span of time as people read it: ``12s``, ``3m04s``, ``2h01m``,
+    ``3d04h``. A negative span (clocks that disagree) reads ``0s``."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return "{}m{:02d}s".format(*divmod(s, 60))
+    if s < 86400:
+        return "{}h{:02d}m".format(*divmod(s // 60, 60))
+    return "{}d{:02d}h".format(*divmod(s // 3600, 24))
+
+
+def moment(epoch: float | None) -> str:
+    """A time, local, to the second; ``-`` for one that has not happened."""
+    return EMPTY if epoch is None else datetime.fromtimestamp(epoch).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def labels(values: Iterable[str]) -> str:
+    """Capability labels, sorted and comma-separated."""
+    return ",".join(sorted(values))
+
+
+def millis(seconds: float | None) -> float | None:
+    """Seconds rounded to the millisecond, for JSON a person may read too."""
+    return None if seconds is None else round(seconds, 3)
+
+
+# -- nodes ------------------------------------------------------------------------
+
+NODE_HEADER = ("NODE", "NAME", "CAPS", "STATE", "RUN", "LEASE", "SEEN")
+
+
+def node_state(node: NodeView) -> str:
+    """``idle``, ``busy`` (it holds a lease), ``draining``, or ``busy+draining``."""
+    if node.run_id is None:
+        return "draining" if node.draining else "idle"
+    return "busy+draining" if node.draining else "busy"
+
+
+def node_json(node: NodeView, now: float) -> dict[str, Any]:
+    """A node for scripts; ``expires_in`` is the seconds its lease has left."""
+    return {
+        "node_id": node.node_id,
+        "name": node.name,
+        "caps": sorted(node.caps),
+        "state": node_state(node),
+        "busy": node.run_id is not None,
+        "draining": node.draining,
+        "run_id": node.run_id,
+        "not_after": node.not_after,
+        "expires_in": millis(None if node.not_after is None else node.not_after - now),
+        "last_seen": node.last_seen,
+    }
+
+
+def lease_left(node: NodeView, now: float) -> str:
+    """How long the node's lease has left, or how long ago it expired."""
+    if node.not_after is None:
+        return EMPTY
+    left = node.not_after - now
+    return duration(left) if left > 0 else f"expired {duration(-left)} ago"
+
+
+def node_table(nodes: Iterable[NodeView], now: float) -> str:
+    """Nodes as a table: one line each."""
+    return table(
+        NODE_HEADER,
+        (
+            (
+                n.node_id,
+                n.name,
+                labels(n.caps) or EMPTY,
+                node_state(n),
+                n.run_id or EMPTY,
+                lease_left(n, now),
+                f"{duration(now - n.last_seen)} ago",
+            )
+            for n in nodes
+        ),
+    )
+
+
+# -- runs -----------------------------------------------------------------------
+
+RUN_HEADER = ("RUN", "STATE", "REASON", "STEPS", "CREATED", "TIME")
+QUEUE_HEADER = ("#", "RUN", "WAITED", "STEPS", "NEEDS")
+STEP_HEADER = ("SEQ", "NAME", "KIND", "NEEDS", "STATE", "NODE")
+
+
+def waited(run: RunView, now: float) -> float:
+    """Seconds the run spent QUEUED: from its submit until it started, ended, or now."""
+    until = next(t for t in (run.started_at, run.ended_at, now) if t is not None)
+    return until - run.created_at
+
+
+def ran(run: RunView, now: float) -> float | None:
+    """Seconds the run has been placed: from its start until it ended, or now;
+    None if it never started."""
+    if run.started_at is None:
+        return None
+    return (now if run.ended_at is None else run.ended_at) - run.started_at
+
+
+def run_time(run: RunView, now: float) -> str:
+    """How long the run has waited (QUEUED), run (RUNNING) or took (ended)."""
+    placed = ran(run, now)
+    if placed is None:
+        return f"{'waiting' if run.state == 'QUEUED' else 'waited'} {duration(waited(run, now))}"
+    return f"{'running' if run.state == 'RUNNING' else 'took'} {duration(placed)}"
+
+
+def run_json(run: RunView, now: float) -> dict[str, Any]:
+    """The run's wire view (``RunView.to_dict()``), with each step's kind and
+    needs, the run's reason and times, and the seconds it ``waited`` QUEUED
+    and ``ran`` (None if it never started)."""
+    out = run.to_dict()
+    for step, view in zip(out["steps"], run.steps, strict=True):
+        step.update(kind=view.kind, needs=sorted(view.needs))
+    out.update(
+        reason=run.reason,
+        created_at=run.created_at,
+        started_at=run.started_at,
+        ended_at=run.ended_at,
+        waited=millis(waited(run, now)),
+        ran=millis(ran(run, now)),
+    )
+    return out
+
+
+def step_needs(run: RunView) -> str:
+    """What each step needs, in order: ``build(linux) test(gpu,linux) lint``."""
+    return " ".join(f"{s.name}({labels(s.needs)})" if s.needs else s.name for s in run.steps)
+
+
+def step_nodes(run: RunView) -> str:
+    """The nodes the run's steps are placed on, sorted; ``-`` if none."""
+    return labels({s.node for s in run.steps if s.node}) or EMPTY
+
+
+def run_table(runs: Iterable[RunView], now: float) -> str:
+    """Runs as a table: one line each."""
+    return table(
+        RUN_HEADER,
+        (
+            (
+                r.run_id,
+                r.state,
+                r.reason or EMPTY,
+                str(len(r.steps)),
+                moment(r.created_at),
+                run_time(r, now),
+            )
+            for r in runs
+        ),
+    )
+
+
+def run_summary(run: RunView, record: dict[str, Any], now: float) -> str:
+    """One run, a field a line, its Record last."""
+    sealed = record["sealed_at"]
+    return align(
+        [
+            ("run", run.run_id),
+            ("state", f"{run.state}: {run.reason}" if run.reason else run.state),
+            ("created", moment(run.created_at)),
+            ("started", moment(run.started_at)),
+            ("ended", moment(run.ended_at)),
+            ("time", run_time(run, now)),
+            ("warnings", "; ".join(run.warnings) or EMPTY),
+            ("record", "open" if sealed is None else f"sealed {moment(sealed)} {record['digest']}"),
+        ]
+    )
+
+
+def step_table(run: RunView) -> str:
+    """The run's steps as a table, each node by id and human name."""
+    names = {a.seq: a.node_name for a in run.assigned}
+    return table(
+        STEP_HEADER,
+        (
+            (
+                str(s.seq),
+                s.name,
+                s.kind,
+                labels(s.needs) or EMPTY,
+                s.state,
+                f"{s.node} ({names[s.seq]})" if s.seq in names else s.node or EMPTY,
+            )
+            for s in run.steps
+        ),
+    )
+
+
+# -- the commands ------------------------------------------------------------------
+
+
+def nodes_command(args: argparse.Namespace) -> Output:
+    """Every node: caps, state, the lease it holds, when it was last seen."""
+    with open_view(args.db) as db:
+        nodes = db.list_nodes()
+    now = time.time()
+    return Output([node_json(n, now) for n in nodes], node_table(nodes, now))
+
+
+def runs_command(args: argparse.Namespace) -> Output:
+    """Runs in FIFO order, all or of one state."""
+    with open_view(args.db) as db:
+        runs = db.list_runs(state=args.state)
+    now = time.time()
+    return Output([run_json(r, now) for r in runs], run_table(runs, now))
+
+
+def show_command(args: argparse.Namespace) -> Output:
+    """One run, its steps and its Record; status 1 if it ended FAILED."""
+    with open_view(args.db) as db:
+        run = db.get_run(args.run_id)
+        record = db.record(args.run_id)
+    now = time.time()
+    return Output(
+        {**run_json(run, now), "record": record},
+        f"{run_summary(run, record, now)}\n\n{step_table(run)}",
+        1 if run.state == "FAILED" else 0,
+    )
+
+
+def queue_command(args: argparse.Namespace) -> Output:
+    """The QUEUED runs in the order they will be promoted, what they wait for."""
+    with open_view(args.db) as db:
+        runs = db.list_runs(state="QUEUED")
+    now = time.time()
+    rows = (
+        (str(i), r.run_id, duration(waited(r, now)), str(len(r.steps)), step_needs(r))
+        for i, r in enumerate(runs, 1)
+    )
+    return Output([run_json(r, now) for r in runs], table(QUEUE_HEADER, rows))
+
+
+def wake_command(args: argparse.Namespace) -> Output:
+    """Promote every QUEUED run that fits now, in FIFO order; print them.
+
+    Opening a store for writing wakes the queue already, and the ids that wake
+    promotes are not returned; so the runs QUEUED beforehand are read first,
+    and those that have started since count as promoted too."""
+    with open_view(args.db) as db:
+        queued = [r.run_id for r in db.list_runs(state="QUEUED")]
+    with open_to_act(args) as db:
+        woken = db.wake_queued(why="asked from the command line")
+        runs = [db.get_run(run_id) for run_id in dict.fromkeys([*queued, *woken])]
+    promoted = [r for r in runs if r.started_at is not None]
+    return Output(
+        [r.run_id for r in promoted],
+        table(("RUN", "NODES"), ((r.run_id, step_nodes(r)) for r in promoted)),
+    )
+
+
+def reap_command(args: argparse.Namespace) -> Output:
+    """Fail the runs holding an expired lease; print them."""
+    with open_to_act(args) as db:
+        failed = [db.get_run(run_id) for run_id in db.reap()]
+    return Output(
+        [r.run_id for r in failed],
+        table(("RUN", "REASON"), ((r.run_id, r.reason or EMPTY) for r in failed)),
+    )
+
+
+def drain_command(args: argparse.Namespace) -> Output:
+    """Let a node finish the run it holds and take no new one."""
+    return set_draining(args, Store.drain)
+
+
+def undrain_command(args: argparse.Namespace) -> Output:
+    """Let a node take runs again (which wakes the queue)."""
+    return set_draining(args, Store.undrain)
+
+
+def set_draining(args: argparse.Namespace, change: Callable[[Store, str], None]) -> Output:
+    """Apply ``change`` (drain or undrain) to ``args.node_id``; print the node."""
+    with open_to_act(args) as db:
+        change(db, args.node_id)
+        node = next(n for n in db.list_nodes() if n.node_id == args.node_id)
+    now = time.time()
+    return Output(node_json(node, now), node_table([node], now))
+
+
+# -- parsing -------------------------------------------------------------------------
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr."""
+
+    def error(self, message: str) -> NoReturn:
+        """Say what is wrong in one line and exit with status 2."""
+        self.exit(2, f"store: {message}; see '{self.prog} --help'\n")
+
+
+def seconds(text: str) -> float:
+    """An argument: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, not {text!r}")
+    return value
+
+
+def count(text: str) -> int:
+    """An argument: a whole number, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, not {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command; each command's function is its ``handler``."""
+    parser = Parser(
+        prog="python -m store",
+        description="Look at and steer the runs, nodes and queue of a store file.",
+    )
+    parser.add_argument(
+        "--db",
+        metavar="PATH",
+        default=os.environ.get(STORE_DB) or DEFAULT_DB,
+        help=f"the store file (default: ${STORE_DB}, else {DEFAULT_DB})",
+    )
+    view = Parser(add_help=False)
+    view.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    act = Parser(add_help=False, parents=[view])
+    act.add_argument(
+        "--lease-ttl",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="lifetime of the leases a promotion issues (default: 30)",
+    )
+    act.add_argument(
+        "--max-leases-per-run",
+        type=count,
+        default=4,
+        metavar="N",
+        help="the most nodes a promoted run may hold (default: 4)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, handler: Callable[[argparse.Namespace], Output], kind: Parser) -> Parser:
+        """Add the command ``name``; its help is the first line of ``handler``'s docstring."""
+        about = (handler.__doc__ or "").splitlines()[0]
+        sub: Parser = commands.add_parser(name, help=about, description=about, parents=[kind])
+        sub.set_defaults(handler=handler)
+        return sub
+
+    add("nodes", nodes_command, view)
+    add("runs", runs_command, view).add_argument(
+        "--state",
+        type=str.upper,
+        choices=RUN_STATES,
+        help=f"only the runs in this state: {', '.join(RUN_STATES)} (any case)",
+    )
+    add("show", show_command, view).add_argument("run_id", metavar="RUN", help="the run id")
+    add("queue", queue_command, view)
+    add("wake", wake_command, act)
+    add("reap", reap_command, act)
+    add("drain", drain_command, act).add_argument("node_id", metavar="NODE", help="the node id")
+    add("undrain", undrain_command, act).add_argument("node_id", metavar="NODE", help="the node id")
+    return parser
+
+
+# -- running -----------------------------------------------------------------------
+
+
+class OneLine(logging.Formatter):
+    """A log record as one line, ``store: message: exception``: no traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The message, and the message of its exception if it carries one."""
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text = f"{text}: {record.exc_info[1]}"
+        return f"store: {text}"
+
+
+@contextlib.contextmanager
+def brief_logs() -> Iterator[None]:
+    """While inside, the store's warnings (a failed wake after an action, say)
+    reach stderr as single lines rather than tracebacks."""
+    stream = logging.StreamHandler()
+    stream.setLevel(logging.WARNING)
+    stream.setFormatter(OneLine())
+    logger = logging.getLogger("store")
+    logger.addHandler(stream)
+    try:
+        yield
+    finally:
+        logger.removeHandler(stream)
+
+
+def fail(message: str, status: int) -> int:
+    """Say what went wrong in one line on stderr; return ``status``."""
+    print(f"store: {message}", file=sys.stderr)
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command line; return its exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        with brief_logs():
+            out: Output = args.handler(args)
+        text = json.dumps(out.data, indent=2) if args.json else out.text
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except StoreError as e:
+        return fail(str(e), 1)
+    except KeyboardInterrupt:
+        return fail("interrupted", 130)
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, and keep Python from
+        # failing again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return out.status
