@@ -1,0 +1,354 @@
+"""The operator's command line, ``python -m store``: every command run as a
+real process on a store file prepared through the library, as an operator
+(or a script) would run it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import store
+import store.cli
+from store.store import Store
+
+pytestmark = pytest.mark.timeout(60)
+
+REPO = Path(__file__).resolve().parent.parent
+#: The runs of the ``cluster`` store, in the order they were submitted.
+FIFO = ["done", "busy1", "busy2", "q-gpu", "q-linux", "gone", "q-any"]
+
+
+def cli(*args: str | Path, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m store ARGS``, with ``STORE_DB`` unset unless given in ``env``."""
+    environ = {k: v for k, v in os.environ.items() if k != "STORE_DB"}
+    environ.update(env, PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "store", *map(str, args)],
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def ok(path: Path, *args: str) -> str:
+    """The output of a command on ``path`` that must succeed, with nothing on stderr."""
+    done = cli("--db", path, *args)
+    assert (done.returncode, done.stderr) == (0, ""), done
+    return done.stdout
+
+
+def as_json(path: Path, *args: str) -> Any:
+    """The ``--json`` output of a command on ``path`` that must succeed."""
+    return json.loads(ok(path, *args, "--json"))
+
+
+def by_id(nodes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The ``nodes --json`` list as a dict by node id."""
+    return {n["node_id"]: n for n in nodes}
+
+
+def rows(text: str) -> list[dict[str, str]]:
+    """A printed table, one dict per line below the header, each cell cut at
+    its header's column: a cell out of line with its header reads wrong."""
+    header, *lines = text.splitlines()
+    columns = [(m.group(), m.start()) for m in re.finditer(r"\S+", header)]
+    ends = [start for _, start in columns[1:]] + [None]
+    return [
+        {name: line[start:end].strip() for (name, start), end in zip(columns, ends, strict=True)}
+        for line in lines
+    ]
+
+
+def step(name: str, *needs: str) -> store.Step:
+    """A step of kind ``exec``."""
+    return store.Step(name, "exec", frozenset(needs))
+
+
+def finish(db: Store, node_id: str, run_id: str) -> None:
+    """Run, successfully, the one step ``node_id`` holds in ``run_id``."""
+    claim = db.claim_step(node_id)
+    assert claim is not None and claim.run_id == run_id
+    db.report_step(node_id, run_id, claim.seq, ok=True)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Path:
+    """A store file (``store.sqlite3``, the default name) with three nodes and
+    runs in every state:
+
+    - n1 (linux) runs ``busy1``, n2 (gpu, linux) runs ``busy2``, n3 (linux)
+      drains and is idle;
+    - ``done`` SUCCEEDED on n1, ``gone`` was cancelled while QUEUED;
+    - QUEUED, in FIFO order: ``q-gpu`` (gpu), ``q-linux`` (two linux steps
+      and one that needs nothing), ``q-any`` (needs nothing).
+    """
+    path = tmp_path / "store.sqlite3"
+    with store.open(path) as db:
+        db.advertise(store.Advert("n1", "box-n1", {"linux"}))
+        db.advertise(store.Advert("n2", "box-n2", {"gpu", "linux"}))
+        db.advertise(store.Advert("n3", "box-n3", {"linux"}))
+        db.submit_run([step("a", "linux")], run_id="done")
+        finish(db, "n1", "done")
+        db.drain("n3")
+        db.submit_run([step("s", "linux")], run_id="busy1")
+        db.submit_run([step("s", "gpu")], run_id="busy2")
+        db.submit_run([step("train", "gpu")], run_id="q-gpu")
+        db.submit_run([step("build", "linux"), step("test", "linux"), step("lint")], "q-linux")
+        db.submit_run([step("lint")], run_id="gone")
+        assert db.cancel_run("gone")
+        db.submit_run([step("lint")], run_id="q-any")
+        assert [r.run_id for r in db.list_runs("QUEUED")] == ["q-gpu", "q-linux", "q-any"]
+    return path
+
+
+# -- views -------------------------------------------------------------------------
+
+
+def test_queue_json_lists_queued_runs_in_fifo_order_with_their_wait(cluster: Path) -> None:
+    queued = as_json(cluster, "queue")
+    assert [r["run_id"] for r in queued] == ["q-gpu", "q-linux", "q-any"]
+    waits = [r["waited"] for r in queued]
+    assert waits == sorted(waits, reverse=True)
+    assert all(w >= 0 for w in waits)
+    assert [s["needs"] for s in queued[1]["steps"]] == [["linux"], ["linux"], []]
+    assert {r["state"] for r in queued} == {"QUEUED"}
+
+
+def test_queue_table_shows_position_wait_and_what_each_step_needs(cluster: Path) -> None:
+    table = rows(ok(cluster, "queue"))
+    assert [(r["#"], r["RUN"], r["STEPS"], r["NEEDS"]) for r in table] == [
+        ("1", "q-gpu", "1", "train(gpu)"),
+        ("2", "q-linux", "3", "build(linux) test(linux) lint"),
+        ("3", "q-any", "1", "lint"),
+    ]
+    assert all(re.fullmatch(r"\d+s", r["WAITED"]) for r in table)
+
+
+def test_nodes_show_who_is_busy_with_which_run_and_who_drains(cluster: Path) -> None:
+    nodes = by_id(as_json(cluster, "nodes"))
+    assert {n: (v["state"], v["run_id"]) for n, v in nodes.items()} == {
+        "n1": ("busy", "busy1"),
+        "n2": ("busy", "busy2"),
+        "n3": ("draining", None),
+    }
+    assert 0 < nodes["n1"]["expires_in"] <= 30
+    assert nodes["n3"]["expires_in"] is None
+    assert nodes["n2"]["caps"] == ["gpu", "linux"]
+
+    table = {r["NODE"]: r for r in rows(ok(cluster, "nodes"))}
+    n1, n2, n3 = table["n1"], table["n2"], table["n3"]
+    assert (n2["NAME"], n2["CAPS"], n2["STATE"], n2["RUN"]) == (
+        "box-n2",
+        "gpu,linux",
+        "busy",
+        "busy2",
+    )
+    assert re.fullmatch(r"\d+s", n1["LEASE"])
+    assert re.fullmatch(r"\d+s ago", n1["SEEN"])
+    assert (n3["STATE"], n3["RUN"], n3["LEASE"]) == ("draining", "-", "-")
+
+
+def test_runs_come_in_fifo_order_and_filter_by_state_in_any_case(cluster: Path) -> None:
+    everything = as_json(cluster, "runs")
+    assert [r["run_id"] for r in everything] == FIFO
+    running = as_json(cluster, "runs", "--state", "running")
+    assert [r["run_id"] for r in running] == ["busy1", "busy2"]
+    (gone,) = as_json(cluster, "runs", "--state", "Failed")
+    assert (gone["run_id"], gone["reason"], gone["ran"]) == ("gone", "cancelled", None)
+
+    table = rows(ok(cluster, "runs"))
+    assert [r["RUN"] for r in table] == FIFO
+    by_run = {r["RUN"]: r for r in table}
+    some = ("done", "busy1", "q-gpu", "gone")
+    assert [by_run[r]["STATE"] for r in some] == ["SUCCEEDED", "RUNNING", "QUEUED", "FAILED"]
+    assert [by_run[r]["TIME"].split()[0] for r in some] == ["took", "running", "waiting", "waited"]
+    assert (by_run["q-linux"]["STEPS"], by_run["gone"]["REASON"]) == ("3", "cancelled")
+
+
+def test_show_gives_the_steps_and_the_sealed_record(cluster: Path) -> None:
+    text = ok(cluster, "show", "done")
+    summary, steps = text.split("\n\n")
+    assert re.search(r"^record +sealed .* sha256:[0-9a-f]{64}$", summary, re.MULTILINE)
+    assert rows(steps) == [
+        {
+            "SEQ": "1",
+            "NAME": "a",
+            "KIND": "exec",
+            "NEEDS": "linux",
+            "STATE": "SUCCEEDED",
+            "NODE": "n1 (box-n1)",
+        }
+    ]
+    queued = as_json(cluster, "show", "q-linux")
+    assert [s["state"] for s in queued["steps"]] == ["PENDING"] * 3
+    assert queued["record"]["sealed_at"] is None
+    assert "digest" not in queued["record"]
+
+
+def test_show_exits_1_for_a_run_that_ended_failed(cluster: Path) -> None:
+    done = cli("--db", cluster, "show", "gone", "--json")
+    assert (done.returncode, done.stderr) == (1, "")
+    shown = json.loads(done.stdout)
+    assert (shown["state"], shown["record"]["state"]) == ("FAILED", "FAILED")
+    assert shown["record"]["digest"].startswith("sha256:")
+
+
+def test_views_leave_the_store_file_as_it_was(cluster: Path) -> None:
+    # n1 is free and q-linux fits it: anything that wakes the queue (opening
+    # the store for writing does) would promote it.
+    with store.open(cluster, lease_ttl=0) as holding:
+        finish(holding, "n1", "busy1")
+    wal = cluster.with_name(cluster.name + "-wal")
+
+    def state() -> tuple[bytes, int]:
+        return cluster.read_bytes(), wal.stat().st_size if wal.exists() else 0
+
+    before = state()
+    for view in (["nodes"], ["runs"], ["show", "q-linux"]):
+        ok(cluster, *view)
+    assert len(as_json(cluster, "queue")) == 3
+    assert state() == before
+
+
+def test_the_store_file_is_db_else_store_db_else_store_sqlite3_here(cluster: Path) -> None:
+    elsewhere = cluster.parent / "elsewhere"
+    elsewhere.mkdir()
+    missing = str(elsewhere / "missing.sqlite3")
+
+    def node_ids(done: subprocess.CompletedProcess[str]) -> list[str]:
+        assert done.returncode == 0, done.stderr
+        return [n["node_id"] for n in json.loads(done.stdout)]
+
+    nodes = ["n1", "n2", "n3"]
+    assert node_ids(cli("nodes", "--json", cwd=cluster.parent)) == nodes
+    assert node_ids(cli("nodes", "--json", cwd=elsewhere, STORE_DB=str(cluster))) == nodes
+    assert node_ids(cli("--db", cluster, "nodes", "--json", STORE_DB=missing)) == nodes
+
+
+# -- actions ---------------------------------------------------------------------
+
+
+def test_wake_promotes_the_oldest_run_that_fits_a_freed_node(cluster: Path) -> None:
+    # A handle that never places a run frees n1 without waking the queue.
+    with store.open(cluster, lease_ttl=0) as holding:
+        finish(holding, "n1", "busy1")
+    assert len(as_json(cluster, "queue")) == 3
+
+    # q-gpu waits for n2; q-linux, next, fits n1; q-any finds nothing left.
+    assert rows(ok(cluster, "wake")) == [{"RUN": "q-linux", "NODES": "n1"}]
+    assert by_id(as_json(cluster, "nodes"))["n1"]["run_id"] == "q-linux"
+    assert [r["run_id"] for r in as_json(cluster, "queue")] == ["q-gpu", "q-any"]
+    assert as_json(cluster, "wake") == []
+
+
+def test_reap_fails_runs_whose_lease_expired_and_frees_their_node(cluster: Path) -> None:
+    # Freeing n1 under a one-microsecond lease promotes q-linux with a lease
+    # that has expired by the time the command runs.
+    with store.open(cluster, lease_ttl=1e-6) as short:
+        finish(short, "n1", "busy1")
+        assert short.get_run("q-linux").state == "RUNNING"
+
+    assert rows(ok(cluster, "reap")) == [{"RUN": "q-linux", "REASON": "lease expired on node 'n1'"}]
+    assert cli("--db", cluster, "show", "q-linux").returncode == 1
+    # The freed node goes to the next run that fits; busy2's lease is intact.
+    nodes = by_id(as_json(cluster, "nodes"))
+    assert (nodes["n1"]["run_id"], nodes["n2"]["run_id"]) == ("q-any", "busy2")
+    assert nodes["n1"]["expires_in"] > 0
+    assert as_json(cluster, "reap") == []
+
+
+def test_drain_and_undrain_change_what_nodes_shows(cluster: Path) -> None:
+    drained = as_json(cluster, "drain", "n1")
+    assert (drained["state"], drained["run_id"]) == ("busy+draining", "busy1")
+    assert by_id(as_json(cluster, "nodes"))["n1"]["draining"] is True
+
+    # Undraining n3 wakes the queue: q-linux, the oldest run that fits, takes it.
+    (row,) = rows(ok(cluster, "undrain", "n3"))
+    assert (row["NODE"], row["STATE"], row["RUN"]) == ("n3", "busy", "q-linux")
+
+    assert as_json(cluster, "undrain", "n1")["state"] == "busy"
+    assert {n["state"] for n in as_json(cluster, "nodes")} == {"busy"}
+
+
+# -- bad input ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "says"),
+    [
+        pytest.param(["--db", "{tmp}/missing", "nodes"], 1, "no store file", id="missing"),
+        pytest.param(["--db", "{tmp}/missing", "wake"], 1, "no store file", id="act-missing"),
+        pytest.param(["--db", "{tmp}", "queue"], 1, "no store file", id="directory"),
+        pytest.param(["--db", "{tmp}/notes.txt", "runs"], 1, "not a database", id="text"),
+        pytest.param(["--db", "{tmp}/other.db", "nodes"], 1, "not a store file", id="other-db"),
+        pytest.param(["--db", "{tmp}/other.db", "reap"], 1, "not a store file", id="act-other"),
+        pytest.param(["show", "nope"], 1, "no run 'nope'", id="unknown-run"),
+        pytest.param(["drain", "nope"], 1, "no node 'nope'", id="unknown-node"),
+        pytest.param(["undrain", "nope"], 1, "no node 'nope'", id="undrain-unknown"),
+        pytest.param(["runs", "--state", "done"], 2, "invalid choice: 'DONE'", id="bad-state"),
+        pytest.param(["wake", "--lease-ttl", "soon"], 2, "--lease-ttl", id="bad-lease-ttl"),
+        pytest.param(["show"], 2, "required: RUN", id="no-run"),
+        pytest.param([], 2, "required: COMMAND", id="no-command"),
+        pytest.param(["promote"], 2, "invalid choice: 'promote'", id="unknown-command"),
+    ],
+)
+def test_bad_input_is_one_line_on_stderr_with_the_right_status(
+    cluster: Path, args: list[str], status: int, says: str
+) -> None:
+    tmp = cluster.parent
+    (tmp / "notes.txt").write_text("not a database, only notes\n")
+    with contextlib.closing(sqlite3.connect(tmp / "other.db")) as other:
+        other.execute("CREATE TABLE t (x)")
+        other.commit()
+    other_bytes = (tmp / "other.db").read_bytes()
+
+    # STORE_DB names the good store; a --db in the case overrides it.
+    done = cli(*(a.format(tmp=tmp) for a in args), STORE_DB=str(cluster))
+
+    assert done.returncode == status
+    assert done.stdout == ""
+    assert done.stderr.startswith("store: ")
+    assert done.stderr.count("\n") == 1 and done.stderr.endswith("\n")
+    assert says in done.stderr
+    assert "Traceback" not in done.stderr
+    # Nothing was created, and another program's database was left alone.
+    assert not (tmp / "missing").exists()
+    assert (tmp / "other.db").read_bytes() == other_bytes
+
+
+def test_an_interrupt_exits_130_with_one_line(
+    cluster: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(path: str) -> Store:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store.cli, "open_view", interrupted)
+    assert store.cli.main(["--db", str(cluster), "nodes"]) == 130
+    assert capsys.readouterr() == ("", "store: interrupted\n")
+
+
+def test_a_wake_that_fails_after_an_action_is_a_warning_line_not_a_traceback(
+    cluster: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def locked(self: Store, why: str = "") -> list[str]:
+        raise store.StoreError("database is locked")
+
+    monkeypatch.setattr(Store, "wake_queued", locked)
+    assert store.cli.main(["--db", str(cluster), "undrain", "n3", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["state"] == "idle"
+    assert err
+    for line in err.splitlines():
+        assert line.startswith("store: wake (") and line.endswith(": database is locked")
