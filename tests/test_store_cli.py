@@ -352,3 +352,11 @@ def test_a_wake_that_fails_after_an_action_is_a_warning_line_not_a_traceback(
     assert err
     for line in err.splitlines():
         assert line.startswith("store: wake (") and line.endswith(": database is locked")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(0, "0s"), (12.9, "12s"), (184, "3m04s"), (7260, "2h01m"), (273_600, "3d04h"), (-5, "0s")],
+)
+def test_durations_read_the_way_people_write_them(seconds: float, shown: str) -> None:
+    assert store.cli.duration(seconds) == shown
