@@ -1,0 +1,8 @@
+"""``python -m batch``: the command line of :mod:`batch.cli`."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,416 @@
+"""``python -m batch``: every command run as a real process, against a real
+HTTP server on 127.0.0.1 and a real store file, then checked in the store."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.parse
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+import batch
+import store
+
+pytestmark = pytest.mark.timeout(60)
+
+REPO = Path(__file__).resolve().parent.parent
+WAIT = 30.0
+
+
+class Upstream(ThreadingHTTPServer):
+    """A server answering by path: ``/busy/...`` 429 (``Retry-After: 0``) the
+    first time, then 200; ``/missing`` 404; ``/broken`` 500; ``/hold`` sets
+    ``arrived``, then answers 200 once ``release`` is set; any other path 200,
+    with the path as the body."""
+
+    daemon_threads = False  # server_close() joins every handler thread
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.arrived = threading.Event()
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+        self._asked: Counter[str] = Counter()
+
+    def url(self, path: str, host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.server_port}{path}"
+
+    def asked(self, path: str) -> int:
+        """How many requests came for ``path``."""
+        with self._lock:
+            return self._asked[path]
+
+    def note(self, path: str) -> int:
+        with self._lock:
+            self._asked[path] += 1
+            return self._asked[path]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Upstream
+
+    def do_GET(self) -> None:
+        path = urllib.parse.urlsplit(self.path).path
+        times = self.server.note(path)
+        headers = {}
+        if path.startswith("/busy/") and times == 1:
+            status, headers = 429, {"Retry-After": "0"}
+        elif path in ("/missing", "/broken"):
+            status = 404 if path == "/missing" else 500
+        else:
+            status = 200
+        if path == "/hold":
+            self.server.arrived.set()
+            self.server.release.wait(WAIT)
+        body = path.encode()
+        self.send_response(status)
+        for name, value in {**headers, "Content-Length": str(len(body))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def upstream() -> Iterator[Upstream]:
+    server = Upstream()
+    # A short poll: shutdown() waits for it, at every teardown.
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,))
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(WAIT)
+
+
+def environment() -> dict[str, str]:
+    """This environment, without a default store or a proxy in the way."""
+    env = {k: v for k, v in os.environ.items() if k != "BATCH_DB" and "proxy" not in k.lower()}
+    return {**env, "PYTHONPATH": str(REPO), "NO_PROXY": "*"}
+
+
+def command(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "batch", *map(str, args)]
+
+
+def cli(*args: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m batch ARGS`` to its end."""
+    return subprocess.run(
+        command(*args),
+        cwd=REPO,
+        env=environment(),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+    )
+
+
+def url_file(tmp_path: Path, *lines: str) -> Path:
+    path = tmp_path / "urls.txt"
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def stored(path: Path) -> list[store.JobRow]:
+    """Every job in the store at ``path``, with its targets, oldest first."""
+    with store.open(path, readonly=True) as db:
+        return [job for s in db.list_jobs() if (job := db.find_job(s.id)) is not None]
+
+
+def outcome(target: store.TargetRow) -> tuple[str, str, str | None, str | None]:
+    return target.ref, target.status, target.error, target.hint
+
+
+# -- demo ---------------------------------------------------------------------------
+
+
+def test_demo_ends_as_its_summary_says(tmp_path: Path) -> None:
+    db = tmp_path / "demo.sqlite3"
+    done = cli("demo", "--db", db)
+    assert (done.returncode, done.stderr) == (0, ""), done
+    lines = done.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("job "))
+    assert lines[header].split() == [
+        "job",
+        "name",
+        "caller",
+        "status",
+        "done",
+        "failed",
+        "pending",
+        "seconds",
+        "retries",
+    ]
+    rows = [line.split() for line in lines[header + 1 : lines.index("", header)]]
+    jobs = {job.id[:12]: job for job in stored(db)}
+    assert sorted(r[0] for r in rows) == sorted(jobs)
+    for short, _name, caller, status, done_, failed, pending, _seconds, _retries in rows:
+        job = jobs[short]
+        counts = Counter(t.status for t in job.targets)
+        assert (job.owner, job.status) == (caller, status)
+        assert [counts["done"], counts["failed"], counts["pending"]] == [
+            int(done_),
+            int(failed),
+            int(pending),
+        ]
+    by_name = {r[1]: r for r in rows}
+    assert by_name["archive"][3] == "cancelled"
+    assert int(by_name["archive"][6]) > 0
+    assert {r[2] for r in rows} == {"alice", "bob"}
+    assert sum(int(r[8]) for r in rows) > 0
+    assert "at most 1 per job at a time" in done.stdout
+    assert "no sooner than its Retry-After" in done.stdout
+    assert lines[-1] == f"store: {db}"
+
+
+# -- fetch ---------------------------------------------------------------------------
+
+
+def test_fetch_stores_every_outcome(tmp_path: Path, upstream: Upstream) -> None:
+    urls = [upstream.url(p) for p in ("/ok/a", "/busy/b", "/missing", "/broken")]
+    source = url_file(tmp_path, "# four documents", urls[0], "", *urls[1:])
+    db = tmp_path / "jobs.sqlite3"
+    done = cli("fetch", source, "--db", db, "--caller", "tester", "--retry-wait", "0")
+    assert (done.returncode, done.stderr) == (1, ""), done
+    [job] = stored(db)
+    assert (job.owner, job.status) == ("tester", "partial")
+    assert [outcome(t) for t in job.targets] == [
+        (urls[0], "done", None, None),
+        (urls[1], "done", None, None),
+        (urls[2], "failed", "HTTP 404 Not Found", "check the URL"),
+        (urls[3], "failed", "HTTP 500 Internal Server Error", "server error; try again later"),
+    ]
+    result = json.loads(job.targets[1].result or "")
+    assert (result["status"], result["bytes"]) == (200, len("/busy/b"))
+    assert upstream.asked("/busy/b") == 2
+    assert re.search(
+        rf"^{job.id[:12]}\s+urls\.txt\s+tester\s+partial\s+2\s+2\s+0\s+\S+\s+1$",
+        done.stdout,
+        re.MULTILINE,
+    ), done.stdout
+
+
+def test_fetch_per_host_makes_one_job_per_host(tmp_path: Path, upstream: Upstream) -> None:
+    here = [upstream.url(f"/ok/{n}") for n in range(3)]
+    there = [upstream.url(f"/ok/{n}", host="localhost") for n in range(2)]
+    source = url_file(tmp_path, here[0], there[0], here[1], there[1], here[2])
+    db = tmp_path / "jobs.sqlite3"
+    done = cli("fetch", source, "--db", db, "--per-host")
+    assert (done.returncode, done.stderr) == (0, ""), done
+    jobs = stored(db)
+    assert [[t.ref for t in job.targets] for job in jobs] == [here, there]
+    assert {job.status for job in jobs} == {"done"}
+
+
+def test_fetch_json_prints_one_line_per_target(tmp_path: Path, upstream: Upstream) -> None:
+    urls = [upstream.url(p) for p in ("/ok/a", "/missing")]
+    db = tmp_path / "jobs.sqlite3"
+    done = cli("fetch", "-", "--db", db, "--json", stdin="\n".join(urls))
+    assert done.returncode == 1, done
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    [job] = stored(db)
+    assert [(line["url"], line["status"], line["job"]) for line in lines] == [
+        (urls[0], "done", job.id),
+        (urls[1], "failed", job.id),
+    ]
+    assert lines[0]["result"]["final_url"] == urls[0]
+    assert (lines[1]["error"], lines[1]["hint"]) == ("HTTP 404 Not Found", "check the URL")
+    assert "Traceback" not in done.stderr
+    assert "[" in done.stderr  # the progress went there
+
+
+def test_fetch_saves_inside_its_directory_whatever_the_url(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    paths = [
+        "/ok/a.txt",
+        "/ok/../../escape.txt",
+        "/%2e%2e/%2e%2e/escape",
+        "/..%2f..%2fx",
+        "/" + "a" * 3000,
+    ]
+    source = url_file(tmp_path, *(upstream.url(p) for p in paths))
+    saves = tmp_path / "saves"
+    done = cli("fetch", source, "--db", tmp_path / "jobs.sqlite3", "--save", saves)
+    assert (done.returncode, done.stderr) == (0, ""), done
+    outside = {p.name for p in tmp_path.iterdir()} - {"saves", "urls.txt"}
+    assert all(name.startswith("jobs.sqlite3") for name in outside), outside
+    saved = sorted(saves.iterdir())
+    assert len(saved) == len(paths)
+    assert all(p.is_file() and not p.name.startswith(".") for p in saved)
+    [job] = stored(tmp_path / "jobs.sqlite3")
+    for target in job.targets:
+        result = json.loads(target.result or "")
+        path = urllib.parse.urlsplit(target.ref).path
+        assert (saves / result["file"]).read_bytes() == path.encode()
+
+
+def test_ctrl_c_cancels_and_stores_what_was_in_flight(tmp_path: Path, upstream: Upstream) -> None:
+    urls = [upstream.url(p) for p in ("/hold", "/ok/after-1", "/ok/after-2")]
+    db = tmp_path / "jobs.sqlite3"
+    with subprocess.Popen(
+        command("fetch", url_file(tmp_path, *urls), "--db", db),
+        cwd=REPO,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert upstream.arrived.wait(WAIT)
+        proc.send_signal(signal.SIGINT)
+        said = proc.stderr.readline() if proc.stderr else ""
+        upstream.release.set()
+        out, rest = proc.communicate(timeout=WAIT)
+    assert said.startswith("batch: interrupted: cancelled 1 job(s)"), said
+    assert (proc.returncode, rest) == (130, ""), out
+    [job] = stored(db)
+    assert job.status == "cancelled"
+    assert [t.status for t in job.targets] == ["done", "pending", "pending"]
+    assert upstream.asked("/ok/after-1") == 0
+
+
+# -- jobs, status, targets -------------------------------------------------------------
+
+
+@pytest.fixture
+def history(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A store with 17 jobs of one target each (so two of their ids share a
+    first character), then one of bob's that ends partial; and their ids."""
+
+    def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
+        if target.ref == "bad":
+            raise batch.TargetError("no such thing", hint="check the ref")
+        return {"ref": target.ref}
+
+    path = tmp_path / "jobs.sqlite3"
+    alice, bob = batch.Caller("alice"), batch.Caller("bob")
+    with store.open(path) as db, batch.Runner(db, fetch) as runner:
+        ids = [runner.submit(alice, [f"doc-{n}"]) for n in range(17)]
+        ids.append(runner.submit(bob, ["good", "bad"]))
+        for job_id in ids:
+            runner.wait(bob if job_id == ids[-1] else alice, job_id, timeout=WAIT)
+    return path, ids
+
+
+def test_jobs_lists_the_store(history: tuple[Path, list[str]]) -> None:
+    path, ids = history
+    done = cli("jobs", "--db", path, "--json")
+    assert (done.returncode, done.stderr) == (0, ""), done
+    jobs = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [j["id"] for j in jobs] == ids
+    assert jobs[-1] == {
+        **jobs[-1],
+        "caller": "bob",
+        "status": "partial",
+        "done": 1,
+        "failed": 1,
+        "pending": 0,
+    }
+    table = cli("jobs", "--db", path, "--caller", "bob").stdout.splitlines()
+    assert table[0].split()[:3] == ["job", "caller", "status"]
+    assert [line.split()[:3] for line in table[1:]] == [[ids[-1][:12], "bob", "partial"]]
+
+
+def test_status_and_targets_take_a_unique_prefix(history: tuple[Path, list[str]]) -> None:
+    path, ids = history
+    prefix = ids[-1][:6]
+    status = cli("status", prefix, "--db", path, "--json")
+    assert status.returncode == 1, status  # the job ended partial
+    assert json.loads(status.stdout)["id"] == ids[-1]
+    targets = cli("targets", prefix, "--db", path, "--json")
+    assert targets.returncode == 0, targets
+    assert [json.loads(line) for line in targets.stdout.splitlines()] == [
+        {
+            "pos": 0,
+            "ref": "good",
+            "status": "done",
+            "error": None,
+            "hint": None,
+            "result": {"ref": "good"},
+            "result_bytes": len('{"ref":"good"}'),
+        },
+        {
+            "pos": 1,
+            "ref": "bad",
+            "status": "failed",
+            "error": "no such thing",
+            "hint": "check the ref",
+            "result": None,
+            "result_bytes": None,
+        },
+    ]
+    assert "no such thing (check the ref)" in cli("targets", prefix, "--db", path).stdout
+
+
+def test_an_ambiguous_prefix_is_refused(history: tuple[Path, list[str]]) -> None:
+    path, ids = history
+    [(first, _)] = Counter(job_id[0] for job_id in ids).most_common(1)
+    done = cli("status", first, "--db", path)
+    assert done.returncode == 1
+    assert re.fullmatch(
+        rf"batch: '{first}' is the start of \d+ job ids: give more of it\n", done.stderr
+    )
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["fetch", "{tmp}/nowhere.txt"], 1, "cannot read .*nowhere.txt: No such file"),
+        (["fetch", "{urls}"], 2, r"urls.txt line 3: not an http, https or file URL: 'ftp://x/'"),
+        (["fetch", "{tmp}/empty.txt"], 2, "empty.txt: no URLs in it"),
+        (["fetch", "{tmp}/latin1.txt"], 2, "latin1.txt: not UTF-8 text"),
+        (["fetch", "{tmp}/spaces.txt"], 2, "spaces.txt line 1: spaces or control characters"),
+        (["fetch", "{tmp}/nohost.txt"], 2, "nohost.txt line 1: no host in 'http:///x'"),
+        (["fetch", "{ok}", "--save", "{tmp}/empty.txt"], 2, "--save: .* is not a directory"),
+        (
+            ["fetch", "{ok}", "--workers", "0"],
+            2,
+            "argument --workers: expected a whole number >= 1, not '0'",
+        ),
+        (["fetch", "{ok}", "--db", "{tmp}/empty.txt"], 1, "not a store file"),
+        (["jobs", "--db", "{tmp}/missing.sqlite3"], 1, "no store file at"),
+        (["jobs", "--db", "{tmp}/empty.txt"], 1, "not a store file"),
+        (["jobs", "--db", "{db}", "--status", "lost"], 2, "argument --status: invalid choice"),
+        (["status", "feed", "--db", "{db}"], 1, "no job 'feed' in"),
+        (["targets", "\u00e9t\u00e9", "--db", "{db}"], 1, "no job '\u00e9t\u00e9' in"),
+        ([], 2, "the following arguments are required"),
+        (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_input_is_one_line_on_stderr(
+    tmp_path: Path, args: list[str], code: int, message: str
+) -> None:
+    (tmp_path / "empty.txt").write_text("# nothing\n\n")
+    (tmp_path / "latin1.txt").write_bytes("http://h/caf\u00e9\n".encode("latin-1"))
+    (tmp_path / "spaces.txt").write_text("http://h/a b\n")
+    (tmp_path / "nohost.txt").write_text("http:///x\n")
+    (tmp_path / "ok.txt").write_text("http://127.0.0.1:9/\n")
+    url_file(tmp_path, "http://h/", "# comment", "ftp://x/")
+    store.open(tmp_path / "jobs.sqlite3").close()
+    paths = {"tmp": tmp_path, "urls": tmp_path / "urls.txt", "ok": tmp_path / "ok.txt"}
+    paths["db"] = tmp_path / "jobs.sqlite3"
+    done = cli(*(arg.format(**paths) for arg in args))
+    assert done.returncode == code, done
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert re.match(f"batch: .*{message}", done.stderr), done.stderr
+    assert "Traceback" not in done.stderr
