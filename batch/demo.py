@@ -104,18 +104,22 @@ class Site:
                 self._waits.append((now - answered, after))
             busy = BUSY.get(path)
             if busy is not None and self._asked[path] <= busy.times:
-                self._busy_at[path] = (now, busy.after)
                 return busy.status, {"Retry-After": str(busy.after)}
         if path == CANCEL_AT:
             self.tripped.set()
         return (404 if path in MISSING else 200), {}
 
-    def leave(self, path: str) -> None:
-        """The answer to ``path`` is about to be sent: it no longer counts as open.
-        (Before sending, so that the next request of the job cannot come first.)"""
+    def leave(self, path: str, status: int) -> None:
+        """The answer to ``path`` is about to be sent: the request no longer
+        counts as open, and the wait a busy answer asks for starts. (Before
+        sending, so that the job's next request cannot come first.)"""
+        now = time.monotonic()
         with self._lock:
             self._open[path.split("/")[1]] -= 1
             self._open_total -= 1
+            busy = BUSY.get(path)
+            if busy is not None and status == busy.status:
+                self._busy_at[path] = (now, busy.after)
 
     def report(self) -> str:
         """What the server saw, in a sentence."""
@@ -153,7 +157,7 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(latency(path))  # the upstream at work
             payload = body(path) if status == 200 else f"{status}\n".encode()
         finally:
-            site.leave(path)
+            site.leave(path, status)
         self.send_response(status)
         for name, value in {**headers, "Content-Type": "text/plain"}.items():
             self.send_header(name, value)

@@ -25,6 +25,8 @@ pytestmark = pytest.mark.timeout(60)
 
 REPO = Path(__file__).resolve().parent.parent
 WAIT = 30.0
+#: The columns of the table ``demo`` and ``fetch`` end with.
+SUMMARY = ["job", "name", "caller", "status", "done", "failed", "pending", "seconds", "retries"]
 
 
 class Upstream(ThreadingHTTPServer):
@@ -147,34 +149,26 @@ def test_demo_ends_as_its_summary_says(tmp_path: Path) -> None:
     assert (done.returncode, done.stderr) == (0, ""), done
     lines = done.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("job "))
-    assert lines[header].split() == [
-        "job",
-        "name",
-        "caller",
-        "status",
-        "done",
-        "failed",
-        "pending",
-        "seconds",
-        "retries",
-    ]
-    rows = [line.split() for line in lines[header + 1 : lines.index("", header)]]
+    assert lines[header].split() == SUMMARY
+    end = lines.index("", header)
+    rows = [dict(zip(SUMMARY, line.split(), strict=True)) for line in lines[header + 1 : end]]
     jobs = {job.id[:12]: job for job in stored(db)}
-    assert sorted(r[0] for r in rows) == sorted(jobs)
-    for short, _name, caller, status, done_, failed, pending, _seconds, _retries in rows:
-        job = jobs[short]
+    assert sorted(row["job"] for row in rows) == sorted(jobs)
+    for row in rows:
+        job = jobs[row["job"]]
         counts = Counter(t.status for t in job.targets)
-        assert (job.owner, job.status) == (caller, status)
-        assert [counts["done"], counts["failed"], counts["pending"]] == [
-            int(done_),
-            int(failed),
-            int(pending),
-        ]
-    by_name = {r[1]: r for r in rows}
-    assert by_name["archive"][3] == "cancelled"
-    assert int(by_name["archive"][6]) > 0
-    assert {r[2] for r in rows} == {"alice", "bob"}
-    assert sum(int(r[8]) for r in rows) > 0
+        assert (job.owner, job.status, counts["done"], counts["failed"], counts["pending"]) == (
+            row["caller"],
+            row["status"],
+            int(row["done"]),
+            int(row["failed"]),
+            int(row["pending"]),
+        )
+    archive = next(row for row in rows if row["name"] == "archive")
+    assert archive["status"] == "cancelled"
+    assert int(archive["pending"]) > 0
+    assert {row["caller"] for row in rows} == {"alice", "bob"}
+    assert sum(int(row["retries"]) for row in rows) > 0
     assert "at most 1 per job at a time" in done.stdout
     assert "no sooner than its Retry-After" in done.stdout
     assert lines[-1] == f"store: {db}"
