@@ -84,13 +84,21 @@ class Runner(Generic[C]):
 
         # _lock guards everything below, the store writes that record it, and
         # the hook calls that report it (so hooks see changes in order). It is
-        # never held while a fetch runs. _cond is notified on every change that
-        # can let a worker start a target or a waiter see its job end: submit,
-        # a target finished, cancel, close.
+        # never held while a fetch runs. _cond is notified when a job leaves
+        # the rotation, on cancel and on close (what waiters wait for), and,
+        # while a worker waits for work (_idle > 0), on every change that can
+        # let it start a target: a submit, a target finished or held back. A
+        # worker in a fetch needs no notice: it looks again when it is done.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._rotation: Rotation[C] = Rotation()
         self._inflight = 0
+        self._idle = 0  # workers waiting on _cond in _pick
+        # Fetches done and not yet recorded; a job is in it at most once (it
+        # stays running until its outcome is recorded). _writing: a worker is
+        # recording them (see _write).
+        self._finished: list[tuple[LiveJob[C], Outcome]] = []
+        self._writing = False
         self._closed = False
 
         # This runner's entry in the store: it owns the jobs it accepts and
@@ -241,7 +249,8 @@ class Runner(Generic[C]):
             job = self._rotation.get(_job_id(job_id))
             if job is None or job.owner != owner or job.cancelled:
                 return False
-            self._store.set_job_status(job.id, "cancelled")
+            if not self._store.set_job_status(job.id, "cancelled"):
+                return False  # its last target's outcome, just stored, ended it
             job.cancelled = True
             call_hook(self._hooks.job, "cancelled")
             if not job.running:
@@ -333,23 +342,27 @@ class Runner(Generic[C]):
     # -- the workers' side --------------------------------------------------
 
     def _work(self) -> None:
-        """One worker's thread: run targets until the runner closes."""
-        while self._run_one():
-            pass
+        """One worker's thread: fetch targets until the runner closes.
 
-    def _run_one(self) -> bool:
-        """Pick a job, fetch its next target, record the outcome; False once
-        closed. Its own function so that nothing of a finished job (its
-        caller above all) outlives the turn in a local variable."""
+        A finished fetch joins ``_finished``; unless another worker is
+        recording already, this one then records them all (:meth:`_write`),
+        and it picks its next job. Only the worker running a job moves its
+        ``next``, so its target is read outside the lock.
+        """
         with self._lock:
             job = self._pick()
-            if job is None:
-                return False
-            target = job.targets[job.next]
-        outcome = attempt(self._fetch, self._ctx, job.caller, target)
-        with self._lock:
-            self._record(job, outcome)
-        return True
+        while job is not None:
+            outcome = attempt(self._fetch, self._ctx, job.caller, job.targets[job.next])
+            with self._lock:
+                self._inflight -= 1
+                call_hook(self._hooks.inflight, self._inflight)
+                self._finished.append((job, outcome))
+                # Let go of the turn before waiting for the next one: a job
+                # that leaves the rotation must not keep its caller alive here.
+                del job, outcome
+                if not self._writing:
+                    self._write()
+                job = self._pick()
 
     def _pick(self) -> LiveJob[C] | None:
         """Wait for a job that can start a target and mark it in flight; None
@@ -359,7 +372,11 @@ class Runner(Generic[C]):
             job = self._rotation.pick(now)
             if job is None:
                 # One timed wait on the earliest retry, not a timer per retry.
-                self._cond.wait(self._rotation.next_retry_in(now))
+                self._idle += 1
+                try:
+                    self._cond.wait(self._rotation.next_retry_in(now))
+                finally:
+                    self._idle -= 1
                 continue
             if not job.started:
                 try:
@@ -375,38 +392,123 @@ class Runner(Generic[C]):
             return job
         return None
 
-    def _record(self, job: LiveJob[C], outcome: Outcome) -> None:
-        """Store what one fetch of ``job``'s next target came to, ending the job
-        if that was its last (rule 3). Called with the lock held."""
-        self._inflight -= 1
-        call_hook(self._hooks.inflight, self._inflight)
-        now = time.monotonic()
-        self._cond.notify_all()
-        if outcome.status == "busy":
+    def _write(self) -> None:
+        """Record every finished fetch, a batch at a time, until none is left.
+        Called with the lock held, by one worker at a time (``_writing``).
+
+        Each batch is stored in one transaction with the lock released: the
+        group commit that lets the other workers pick and fetch meanwhile,
+        and share the next commit. Nothing the write depends on can change
+        meanwhile: its jobs stay running (no other worker touches them), what
+        it stores was decided under the lock, and they move on only once the
+        lock is taken again.
+        """
+        self._writing = True
+        try:
+            while self._finished:
+                finished, self._finished = self._finished, []
+                now = time.monotonic()
+                self._save(
+                    [(j, o) for j, outcome in finished if (o := self._ended(j, outcome, now))]
+                )
+                if self._idle or self._closed:
+                    # These jobs can start their next target now or at
+                    # retry_at: an idle worker must look again; once closed,
+                    # a waiter must learn that its job will not end.
+                    self._cond.notify_all()
+        finally:
+            self._writing = False
+
+    def _ended(self, job: LiveJob[C], outcome: Outcome, now: float) -> Outcome | None:
+        """The outcome to store for ``job``'s target, or None when it came back
+        busy and is to be tried again (rule 3): then the job waits on
+        ``retry_at``, or leaves if cancelled meanwhile."""
+        if outcome.status != "busy":
+            return outcome
+        if job.busy_since is None:
+            job.busy_since = now
+        retry_for = self._config.retry_for
+        asked = now + outcome.after - job.busy_since > retry_for
+        if now - job.busy_since <= retry_for and not asked:
             job.running = False
-            if job.busy_since is None:
-                job.busy_since = now
-            retry_for = self._config.retry_for
-            asked = now + outcome.after - job.busy_since > retry_for
-            if now - job.busy_since <= retry_for and not asked:
-                job.retry_at = now + max(self._config.retry_wait, outcome.after)
-                if job.cancelled:
-                    self._leave(job)
-                return
-            outcome = outcome.busy_too_long(retry_for, asked)
-        done = job.done + (outcome.status == "done")
-        failed = job.failed + (outcome.status != "done")
-        saved = self._save(
-            job, outcome, "done" if not failed else "failed" if not done else "partial"
-        )
-        # Until now the job stayed marked running, so no worker could start
-        # its next target while this one's outcome waited on the store.
-        job.running = False
-        if saved is None:
+            job.retry_at = now + max(self._config.retry_wait, outcome.after)
+            if job.cancelled:
+                self._leave(job)
+            return None
+        return outcome.busy_too_long(retry_for, asked)
+
+    def _save(self, ended: list[tuple[LiveJob[C], Outcome]]) -> None:
+        """Store these outcomes in one transaction, each job's terminal status
+        with its last target (rule 4), then move the jobs on. Called with the
+        lock held; releases it while the store writes.
+
+        A store that refuses the write (locked, disk full) is asked again with
+        backoff until it accepts; the jobs stay running, so none starts its
+        next target before its outcome is stored. Once the runner is closing
+        it is not asked again: the outcomes are dropped and the targets stay
+        pending, for the next runner.
+        """
+        delay = BACKOFF_FIRST
+        while ended:
+            # Cancel may come while the store refuses: decide each time.
+            outcomes = [self._stored(job, o) for job, o in ended]
+            try:
+                self._lock.release()
+                try:
+                    stored = self._store.store_targets(outcomes, max_bytes=self._config.max_bytes)
+                finally:
+                    self._lock.acquire()
+            except store.StoreError:
+                if self._closed:
+                    log.exception(
+                        "runner closing: %d outcome(s) dropped; their targets stay pending"
+                        " for the next runner",
+                        len(ended),
+                    )
+                    for job, _ in ended:
+                        job.running = False
+                    return
+                log.warning(
+                    "cannot store %d outcome(s); trying again in %.2gs",
+                    len(ended),
+                    delay,
+                    exc_info=True,
+                )
+                self._cond.wait(delay)
+                delay = min(2 * delay, BACKOFF_MAX)
+                continue
+            for i, (job, outcome) in enumerate(ended):
+                end = outcomes[i].job_status if i in stored.ended else None
+                self._advance(job, outcome, end, gone=i in stored.refused)
             return
-        end = saved or None
+
+    @staticmethod
+    def _stored(job: LiveJob[C], outcome: Outcome) -> store.TargetOutcome:
+        """What to store for ``job``'s next target: ``outcome``, with the job's
+        status by its targets (rule 3) if that is its last and it is not
+        cancelled."""
+        end = None
+        if not job.cancelled and job.next + 1 == len(job.targets):
+            done = job.done + (outcome.status == "done")
+            failed = job.failed + (outcome.status != "done")
+            end = "done" if not failed else "failed" if not done else "partial"
+        return store.TargetOutcome(
+            job.id, job.next, outcome.status, outcome.result, outcome.error, outcome.hint, end
+        )
+
+    def _advance(self, job: LiveJob[C], outcome: Outcome, end: str | None, *, gone: bool) -> None:
+        """Move ``job`` past the target whose ``outcome`` was just stored, and
+        out of the rotation if that ended it (``end``) or it was cancelled.
+        ``gone``: the store no longer had the job (cancelled, then evicted,
+        while its target was in flight); it just leaves. Called with the
+        lock held."""
+        job.running = False
+        if gone:
+            self._leave(job)
+            return
         job.next += 1
-        job.done, job.failed = done, failed
+        job.done += outcome.status == "done"
+        job.failed += outcome.status != "done"
         job.busy_since = None
         job.retry_at = 0.0
         call_hook(self._hooks.target, outcome.err, outcome.seconds, outcome.nbytes)
@@ -416,65 +518,12 @@ class Runner(Generic[C]):
         if end is not None or job.cancelled:
             self._leave(job)
 
-    def _save(self, job: LiveJob[C], outcome: Outcome, by_targets: str) -> str | None:
-        """Store the outcome of ``job``'s next target, with the job's terminal
-        status ``by_targets`` if that was its last target and it is not
-        cancelled. Returns the terminal status written, ``""`` if none, or
-        None if nothing was stored. Called with the lock held.
-
-        A store that refuses the write (locked, disk full) is asked again with
-        backoff, the lock released meanwhile, until it accepts. Once the
-        runner is closing it is not asked again: the outcome is dropped and the
-        target stays pending, for the next runner to fetch again.
-        """
-        delay = BACKOFF_FIRST
-        while True:
-            # Cancel may have come while the store refused: decide each time.
-            last = not job.cancelled and job.next + 1 == len(job.targets)
-            end = by_targets if last else None
-            try:
-                # The terminal status commits with the last target, after the
-                # eviction (which so never takes this job).
-                self._store.store_target(
-                    job.id,
-                    job.next,
-                    outcome.status,
-                    result=outcome.result,
-                    error=outcome.error,
-                    hint=outcome.hint,
-                    max_bytes=self._config.max_bytes,
-                    job_status=end,
-                )
-            except store.NotFound:
-                # The job was cancelled (so terminal) and then evicted while
-                # this target was in flight: there is nothing to store it in.
-                self._leave(job)
-                return None
-            except store.StoreError:
-                if self._closed:
-                    log.exception(
-                        "runner closing: outcome of target %d of job %s dropped; it stays"
-                        " pending for the next runner",
-                        job.next,
-                        job.id,
-                    )
-                    return None
-                log.warning(
-                    "cannot store target %d of job %s; trying again in %.2gs",
-                    job.next,
-                    job.id,
-                    delay,
-                    exc_info=True,
-                )
-                self._cond.wait(delay)
-                delay = min(2 * delay, BACKOFF_MAX)
-            else:
-                return end or ""
-
     def _leave(self, job: LiveJob[C]) -> None:
-        """Take a job out of the rotation, forgetting its caller."""
+        """Take a job out of the rotation, forgetting its caller, and tell the
+        waiters."""
         self._rotation.remove(job)
         call_hook(self._hooks.depth, len(self._rotation))
+        self._cond.notify_all()
 
 
 def _job_id(job_id: object) -> str:

@@ -53,8 +53,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
-from typing import IO, Any, BinaryIO
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from .context import Context
 from .errors import BatchError, RetryLater, TargetError
@@ -75,6 +75,7 @@ LONGEST_RETRY_AFTER = 365 * 86400.0
 #: How much of a URL's host and path a saved file's name keeps, in characters.
 NAME_STEM = 80
 
+#: What a fetch says it is.
 USER_AGENT = "batch-store/0.1 (python urllib)"
 
 #: Statuses that mean "busy": ask again later.
@@ -141,13 +142,17 @@ class Fetcher:
         """Read the body of a successful answer, saving it if asked."""
         digest = hashlib.sha256()
         size = 0
-        name = None if self.save_dir is None else safe_name(url)
-        with _saving(self.save_dir, name) as out:
+        saving: contextlib.AbstractContextManager[Callable[[bytes], object]]
+        if self.save_dir is None:
+            name, saving = None, contextlib.nullcontext(_discard)
+        else:
+            name = safe_name(url)
+            saving = _saving(self.save_dir, name)
+        with saving as write:
             while chunk := response.read(CHUNK):
                 digest.update(chunk)
                 size += len(chunk)
-                if out is not None:
-                    _write(out, chunk, name)
+                write(chunk)
                 if ctx.cancelled() and _still_arriving(response):
                     raise TargetError(
                         "download abandoned: the runner closed", hint="fetch it again"
@@ -228,35 +233,46 @@ def safe_name(url: str) -> str:
 
 
 @contextlib.contextmanager
-def _saving(directory: str | None, name: str | None) -> Iterator[BinaryIO | None]:
-    """A new temporary file in ``directory``, renamed to ``name`` if the block
-    ends normally and removed otherwise; None when there is nothing to save."""
-    if directory is None or name is None:
-        yield None
-        return
+def _saving(directory: str, name: str) -> Iterator[Callable[[bytes], object]]:
+    """Yield a function that writes to a new temporary file in ``directory``;
+    the file becomes ``name`` if the block ends normally and is removed
+    otherwise. A failure of the file itself (a full disk) is a ``TargetError``;
+    what the block raises passes through unchanged."""
     part = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.part")
-    try:
+    with _cannot_save(name):
         # O_EXCL: a fresh file, never one (or a link) already there.
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-    except OSError as e:
-        raise TargetError(f"cannot save {name}: {e.strerror}", hint="check --save DIR") from e
+    out = os.fdopen(fd, "wb")
+
+    def write(chunk: bytes) -> None:
+        with _cannot_save(name):
+            out.write(chunk)
+
     try:
-        with os.fdopen(fd, "wb") as out:
-            yield out
-        os.replace(part, os.path.join(directory, name))
-    except OSError as e:
-        raise TargetError(f"cannot save {name}: {e.strerror}", hint="check --save DIR") from e
+        yield write
+        with _cannot_save(name):
+            out.close()
+            os.replace(part, os.path.join(directory, name))
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
+            out.close()
             os.unlink(part)
 
 
-def _write(out: IO[bytes], chunk: bytes, name: str | None) -> None:
-    """Write ``chunk``; a full disk is the target's failure, not the network's."""
+@contextlib.contextmanager
+def _cannot_save(name: str) -> Iterator[None]:
+    """Turn an ``OSError`` of the block into the target's failure to be saved."""
     try:
-        out.write(chunk)
+        yield
     except OSError as e:
-        raise TargetError(f"cannot save {name}: {e.strerror}", hint="check --save DIR") from e
+        raise TargetError(
+            f"cannot save {name}: {e.strerror or e}",
+            hint="check the save directory: its space and permissions",
+        ) from e
+
+
+def _discard(chunk: bytes) -> None:
+    """Where a body goes when it is not saved."""
 
 
 def _still_arriving(response: Any) -> bool:

@@ -6,7 +6,7 @@ with store.open("jobs.sqlite3") as db:
 """
 
 from .errors import Conflict, InvalidRun, NotFound, StoreError, Unsatisfiable
-from .jobs import JobRow, JobSummary, TargetRow
+from .jobs import JobRow, JobSummary, Stored, TargetOutcome, TargetRow
 from .record import label
 from .shapes import Advert, Assigned, Assignment, Claim, NodeView, RunView, Step, StepView
 from .store import Store, open
@@ -27,6 +27,8 @@ __all__ = [
     "StepView",
     "Store",
     "StoreError",
+    "Stored",
+    "TargetOutcome",
     "TargetRow",
     "Unsatisfiable",
     "label",

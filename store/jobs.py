@@ -8,7 +8,7 @@ with its owner: another owner's job looks exactly like a missing one.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +18,11 @@ from .schema import LIVE_JOB, TERMINAL_JOB
 __all__ = [
     "JobRow",
     "JobSummary",
+    "Stored",
+    "TargetOutcome",
     "TargetRow",
     "create_job",
+    "end_jobs",
     "evict",
     "find_job",
     "get_job",
@@ -27,7 +30,7 @@ __all__ = [
     "list_jobs",
     "load_jobs",
     "set_job_status",
-    "store_target",
+    "store_targets",
     "total_bytes",
     "touch_job",
 ]
@@ -57,6 +60,44 @@ class JobRow:
     touched_at: float
     nbytes: int
     targets: tuple[TargetRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TargetOutcome:
+    """What to store for one pending target: ``status`` ``done`` or
+    ``failed`` with its texts, and, if it ends its job, the job's terminal
+    ``job_status``."""
+
+    job_id: str
+    pos: int
+    status: str
+    result: str | None = None
+    error: str | None = None
+    hint: str | None = None
+    job_status: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in ("done", "failed"):
+            raise ValueError(f"a target ends 'done' or 'failed', not {self.status!r}")
+        if self.job_status is not None and self.job_status not in TERMINAL_JOB:
+            raise ValueError(f"a job ends {', '.join(TERMINAL_JOB)}, not {self.job_status!r}")
+
+    @property
+    def nbytes(self) -> int:
+        """UTF-8 bytes of the texts stored with the target."""
+        return sum(len(t.encode()) for t in (self.result, self.error, self.hint) if t is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What came of storing several outcomes, by their index: ``refused``
+    (``NotFound``: the job is gone; ``Conflict``: the target was stored
+    already), ``ended`` (their job moved to its ``job_status``), and the
+    jobs ``evicted`` meanwhile."""
+
+    refused: dict[int, NotFound | Conflict]
+    ended: frozenset[int]
+    evicted: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,38 +156,55 @@ def set_job_status(conn: sqlite3.Connection, job_id: str, status: str, now: floa
     return cur.rowcount == 1
 
 
-def store_target(
-    conn: sqlite3.Connection,
-    job_id: str,
-    pos: int,
-    status: str,
-    now: float,
-    *,
-    result: str | None = None,
-    error: str | None = None,
-    hint: str | None = None,
-) -> None:
-    """Store the outcome of a pending target, adding its bytes to its job's.
-
-    Raises ``NotFound`` when the job is gone (evicted meanwhile) and
-    ``Conflict`` when that target is no longer pending; nothing is written then.
+def store_targets(
+    conn: sqlite3.Connection, outcomes: Sequence[TargetOutcome], now: float
+) -> dict[int, NotFound | Conflict]:
+    """Store the outcomes of pending targets, adding their bytes to their
+    jobs' and to the total. Returns, by index in ``outcomes``, those not
+    stored: ``NotFound`` when the job is gone (evicted meanwhile),
+    ``Conflict`` when that target is no longer pending. Terminal statuses are
+    left to :func:`end_jobs`, so that eviction can come between.
     """
-    if status not in ("done", "failed"):
-        raise ValueError(f"a target ends 'done' or 'failed', not {status!r}")
-    cur = conn.execute(
-        "UPDATE targets SET status = ?, result = ?, error = ?, hint = ?"
-        " WHERE job_id = ? AND pos = ? AND status = 'pending'",
-        (status, result, error, hint, job_id, pos),
+    refused: dict[int, NotFound | Conflict] = {}
+    added = 0
+    for i, o in enumerate(outcomes):
+        cur = conn.execute(
+            "UPDATE targets SET status = ?, result = ?, error = ?, hint = ?"
+            " WHERE job_id = ? AND pos = ? AND status = 'pending'",
+            (o.status, o.result, o.error, o.hint, o.job_id, o.pos),
+        )
+        if cur.rowcount != 1:
+            refused[i] = (
+                NotFound(f"no job {o.job_id!r}")
+                if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (o.job_id,)).fetchone() is None
+                else Conflict(f"target {o.pos} of job {o.job_id!r} is not pending")
+            )
+            continue
+        conn.execute(
+            "UPDATE jobs SET nbytes = nbytes + ?, updated_at = ? WHERE id = ?",
+            (o.nbytes, now, o.job_id),
+        )
+        added += o.nbytes
+    if added:
+        conn.execute("UPDATE job_bytes SET total = total + ?", (added,))
+    return refused
+
+
+def end_jobs(
+    conn: sqlite3.Connection,
+    outcomes: Sequence[TargetOutcome],
+    refused: Container[int],
+    now: float,
+) -> frozenset[int]:
+    """Move the job of every stored outcome that carries a ``job_status`` to
+    it; return the indexes of those that did (not those already terminal)."""
+    return frozenset(
+        i
+        for i, o in enumerate(outcomes)
+        if o.job_status is not None
+        and i not in refused
+        and set_job_status(conn, o.job_id, o.job_status, now)
     )
-    if cur.rowcount != 1:
-        if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
-            raise NotFound(f"no job {job_id!r}")
-        raise Conflict(f"target {pos} of job {job_id!r} is not pending")
-    nbytes = sum(len(text.encode()) for text in (result, error, hint) if text is not None)
-    conn.execute(
-        "UPDATE jobs SET nbytes = nbytes + ?, updated_at = ? WHERE id = ?", (nbytes, now, job_id)
-    )
-    conn.execute("UPDATE job_bytes SET total = total + ?", (nbytes,))
 
 
 def total_bytes(conn: sqlite3.Connection) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 from . import jobs, nodes, queue, record, runners, runs
 from .db import Database, Synchronous
 from .errors import StoreError
-from .jobs import JobRow, JobSummary
+from .jobs import JobRow, JobSummary, Stored, TargetOutcome
 from .shapes import RUN_STATES, Advert, Claim, NodeView, RunView, Step
 
 __all__ = ["Store", "open"]
@@ -92,13 +93,23 @@ class Store:
         Raises ``NotFound`` if the job is gone, ``Conflict`` if the target was
         already stored; nothing is written then.
         """
+        outcome = TargetOutcome(job_id, pos, status, result, error, hint, job_status)
         with self._db.transaction() as conn:
-            now = time.time()
-            jobs.store_target(conn, job_id, pos, status, now, result=result, error=error, hint=hint)
-            evicted = [] if max_bytes is None else jobs.evict(conn, max_bytes)
-            if job_status is not None:
-                jobs.set_job_status(conn, job_id, job_status, now)
-            return evicted
+            stored = _store_targets(conn, [outcome], max_bytes)
+            if stored.refused:
+                raise stored.refused[0]  # rolls the transaction back
+            return stored.evicted
+
+    def store_targets(
+        self, outcomes: Sequence[TargetOutcome], *, max_bytes: int | None = None
+    ) -> Stored:
+        """Store several targets' outcomes in one transaction (one commit for
+        all: what a busy runner needs), then, given ``max_bytes``, evict
+        terminal jobs past that budget, then end the jobs whose outcome
+        carries a ``job_status``. An outcome the store refuses (its job gone,
+        its target stored already) does not stop the others."""
+        with self._db.transaction() as conn:
+            return _store_targets(conn, outcomes, max_bytes)
 
     def get_job(self, job_id: str, owner: str) -> JobRow | None:
         """The job and its targets, or None if ``owner`` has no such job."""
@@ -277,6 +288,17 @@ class Store:
             self.wake_queued(why)
         except StoreError:
             log.exception("wake (%s) failed; the next event will wake the queue", why)
+
+
+def _store_targets(
+    conn: sqlite3.Connection, outcomes: Sequence[TargetOutcome], max_bytes: int | None
+) -> Stored:
+    """Store the outcomes, evict past ``max_bytes``, end the jobs: in this
+    order (so the eviction never takes a job that these outcomes end)."""
+    now = time.time()
+    refused = jobs.store_targets(conn, outcomes, now)
+    evicted = [] if max_bytes is None else jobs.evict(conn, max_bytes)
+    return Stored(refused, jobs.end_jobs(conn, outcomes, refused, now), evicted)
 
 
 def open(

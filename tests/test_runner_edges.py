@@ -132,15 +132,15 @@ def test_a_store_write_that_fails_is_retried_and_loses_no_worker(
     """A target outcome the store refuses (locked, disk full) is written again
     with backoff until the store takes it: fetched once, stored once; the
     worker lives on and memory and disk agree throughout."""
-    real = db.store_target
+    real = db.store_targets
     failures = iter([True, True, True])
 
-    def flaky(*args: object, **kwargs: object) -> list[str]:
+    def flaky(*args: object, **kwargs: object) -> object:
         if next(failures, False):
             raise store.StoreError("database is locked")
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(db, "store_target", flaky)
+    monkeypatch.setattr(db, "store_targets", flaky)
     script = Script()
     with runner(db, script, workers=1) as r:
         job = r.wait(ALICE, r.submit(ALICE, ["a", "b"]), TIMEOUT)
@@ -157,11 +157,11 @@ def test_close_returns_while_the_store_refuses_writes(
     dropped, the target stays pending (and the job live) for the next runner."""
     refused = threading.Event()
 
-    def broken(*args: object, **kwargs: object) -> list[str]:
+    def broken(*args: object, **kwargs: object) -> object:
         refused.set()
         raise store.StoreError("disk full")
 
-    monkeypatch.setattr(db, "store_target", broken)
+    monkeypatch.setattr(db, "store_targets", broken)
     r = runner(db, Script(), workers=1)
     job_id = r.submit(ALICE, ["a"])
     assert refused.wait(TIMEOUT)

@@ -409,10 +409,11 @@ class RunnerMachine(RuleBasedStateMachine):
 
     def recorded(self) -> None:
         """Wait until the worker has recorded what its fetch returned: its
-        ``inflight`` hook comes first, and the runner's lock is held until the
-        rest is done."""
-        want = len(self.model.inflights)
-        self.hooks.wait_for(lambda h: len(h.inflights) >= want)
+        ``inflight`` hook comes first, then (the lock let go while the outcome
+        is written) its ``target`` hook if it was stored; the runner's lock is
+        held from that hook until the rest is done."""
+        inflights, targets = len(self.model.inflights), len(self.model.targets)
+        self.hooks.wait_for(lambda h: len(h.inflights) >= inflights and len(h.targets) >= targets)
         self.runner.statistics()
 
     def end(self, key: str, act: Act) -> None:

@@ -854,3 +854,49 @@ def test_readonly_open_refuses_a_file_that_is_not_a_store(tmp_path: Path) -> Non
     path.write_bytes(b"")
     with pytest.raises(store.StoreError, match="not a store file"):
         store.open(path, readonly=True)
+
+
+def test_store_targets_stores_a_batch_in_one_go_and_reports_what_it_refused(
+    db: store.Store,
+) -> None:
+    """Outcomes of several jobs commit together; one the store cannot take
+    (its job gone, its target stored already) is reported and stops none of
+    the others; a job ends only if it was still live."""
+    db.create_job("a", "alice", ["1", "2"])
+    db.create_job("b", "alice", ["1"])
+    db.create_job("c", "alice", ["1"])
+    db.store_target("a", 0, "done", result="0")
+    db.set_job_status("c", "cancelled")
+    stored = db.store_targets(
+        [
+            store.TargetOutcome("a", 1, "done", result="11", job_status="done"),
+            store.TargetOutcome("gone", 0, "done", result="x"),
+            store.TargetOutcome("a", 0, "failed", error="again"),
+            store.TargetOutcome("b", 0, "failed", error="e", hint="h", job_status="failed"),
+            store.TargetOutcome("c", 0, "done", result="3", job_status="done"),
+        ]
+    )
+    assert {i: type(e) for i, e in stored.refused.items()} == {
+        1: store.NotFound,
+        2: store.Conflict,
+    }
+    assert stored.ended == {0, 3}
+    assert [(t.status, t.result) for t in job_of(db, "a").targets] == [
+        ("done", "0"),
+        ("done", "11"),
+    ]
+    assert (job_of(db, "a").status, job_of(db, "b").status, job_of(db, "c").status) == (
+        "done",
+        "failed",
+        "cancelled",
+    )
+    assert job_of(db, "c").targets[0].result == "3"
+    assert db.total_bytes() == utf8_len("0", "11", "e", "h", "3")
+
+
+@pytest.mark.parametrize(
+    ("status", "job_status"), [("pending", None), ("done", "running"), ("done", "nope")]
+)
+def test_a_target_outcome_refuses_a_status_it_cannot_store(status: str, job_status: str) -> None:
+    with pytest.raises(ValueError, match="ends"):
+        store.TargetOutcome("a", 0, status, job_status=job_status)
