@@ -296,6 +296,14 @@ def test_a_failed_download_leaves_no_file(upstream: Upstream, tmp_path: Path) ->
     assert os.listdir(tmp_path) == []
 
 
+def test_a_network_failure_while_saving_is_the_network_s(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    with pytest.raises(batch.RetryLater, match="timed out"):
+        get(web.Fetcher(timeout=0.2, save_dir=tmp_path, proxies={}), upstream.url("/stall"))
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_symlink_in_the_way_is_replaced_not_followed(upstream: Upstream, tmp_path: Path) -> None:
     saves, outside = tmp_path / "saves", tmp_path / "outside.txt"
     saves.mkdir()
