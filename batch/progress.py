@@ -84,7 +84,9 @@ class JobCaller:
 
 class _Changes(Hooks):
     """Sets ``event`` whenever a target is stored or a job ends, so the view
-    reads the store when there is something new in it, and only then."""
+    reads the store when there is something new in it, and only then. The
+    runner calls these hooks once the store holds what they report, so a
+    read after the event sees it."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
