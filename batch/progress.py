@@ -225,10 +225,10 @@ class LiveRun:
         *,
         on_target: Callable[[JobCaller, store.TargetRow], None] | None = None,
     ) -> None:
-        self.db = db
+        self._db = db
         self.jobs: list[JobCaller] = []
         self.rows: dict[str, store.JobSummary] = {}
-        self.board = Board(out, self.jobs)
+        self._board = Board(out, self.jobs)
         self._on_target = on_target
         self._reported: dict[str, int] = {}  # per job: targets handed to on_target
         self._changes = _Changes()
@@ -261,7 +261,7 @@ class LiveRun:
         while not self.ended():
             if interrupted():
                 return True
-            self.board.show(self.rows)
+            self._board.show(self.rows)
             if self._changes.event.wait(TICK):
                 self._changes.event.clear()
                 self._refresh()
@@ -285,7 +285,7 @@ class LiveRun:
         they ended. Idempotent."""
         self.runner.close()
         self._refresh()
-        self.board.show(self.rows, final=True)
+        self._board.show(self.rows, final=True)
 
     def failures(self) -> list[tuple[JobCaller, store.TargetRow]]:
         """Every failed target, job by job."""
@@ -297,7 +297,7 @@ class LiveRun:
         return found
 
     def _targets(self, job: JobCaller) -> tuple[store.TargetRow, ...]:
-        row = self.db.find_job(job.job)
+        row = self._db.find_job(job.job)
         return () if row is None else row.targets
 
     def _refresh(self) -> None:
@@ -306,7 +306,7 @@ class LiveRun:
         self.rows = {
             s.id: s
             for owner in dict.fromkeys(job.id for job in self.jobs)
-            for s in self.db.list_jobs(owner=owner)
+            for s in self._db.list_jobs(owner=owner)
             if s.id in ids
         }
         if self._on_target is None:
