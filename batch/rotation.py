@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import math
+import heapq
+import itertools
 from typing import Generic, TypeVar
 
 from .model import Target
@@ -30,7 +31,9 @@ class LiveJob(Generic[C]):
         "failed",
         "id",
         "next",
+        "order",
         "owner",
+        "queued",
         "retry_at",
         "running",
         "started",
@@ -53,78 +56,113 @@ class LiveJob(Generic[C]):
         self.busy_since: float | None = None
         self.done = 0
         self.failed = 0
-
-    def ready(self, now: float) -> bool:
-        """Whether a worker may start this job's next target at ``now``."""
-        return (
-            not self.running
-            and not self.cancelled
-            and self.next < len(self.targets)
-            and self.retry_at <= now
-        )
-
-    def waiting_retry(self, now: float) -> bool:
-        """Whether the next target only waits for ``retry_at``."""
-        return not self.running and not self.cancelled and self.retry_at > now
+        self.order = -1  # its place in submit order, set by Rotation.add
+        self.queued = False  # waiting in the rotation for its turn
 
 
 class Rotation(Generic[C]):
-    """Live jobs in submit order, and ``cursor``: where the next scan starts.
+    """Live jobs in submit order, and the cursor that makes them take turns.
 
-    Not thread-safe: the runner's lock guards it. Invariants: ``0 <= cursor
-    <= len(jobs)``; ``by_id`` indexes exactly the jobs in ``jobs``.
+    The order a user sees is that of a scan over the jobs in submit order,
+    starting after the last job picked and wrapping once: the first job that
+    can start a target is next. The rotation gives that order without a
+    scan, in O(log n) per pick whatever the number of live jobs: each job
+    has an ``order`` (its place in submit order), and the jobs ready to
+    start wait in two heaps by order: ``_ahead``, after the cursor (taken
+    first, lowest first), and ``_behind``, at or before it (their turn comes
+    once ``_ahead`` is empty and the scan wraps). A job held back by a retry
+    waits in ``_retry``, by ``retry_at``, until it is due.
+
+    Not thread-safe: the runner's lock guards it. Invariants: ``by_id`` holds
+    the live jobs; every entry in ``_ahead`` has an order above ``_cursor``
+    and every entry in ``_behind`` one at or below it; a job has at most one
+    entry in the three heaps (``LiveJob.queued``). Heaps hold job ids, not
+    jobs, so a job that left holds nothing (its caller above all) through
+    an entry not yet popped; such entries, and those of cancelled jobs, are
+    dropped when they come up.
     """
 
-    __slots__ = ("_by_id", "_cursor", "_jobs")
+    __slots__ = ("_ahead", "_behind", "_by_id", "_cursor", "_orders", "_retry")
 
     def __init__(self) -> None:
-        self._jobs: list[LiveJob[C]] = []
         self._by_id: dict[str, LiveJob[C]] = {}
-        self._cursor = 0
+        self._orders = itertools.count()
+        self._cursor = -1  # the order of the last job picked
+        self._ahead: list[tuple[int, str]] = []
+        self._behind: list[tuple[int, str]] = []
+        self._retry: list[tuple[float, int, str]] = []
 
     def __len__(self) -> int:
-        return len(self._jobs)
+        return len(self._by_id)
 
     def get(self, job_id: str) -> LiveJob[C] | None:
         """The live job with this id, if any."""
         return self._by_id.get(job_id)
 
     def add(self, job: LiveJob[C]) -> None:
-        """Append a new job: it is last in the rotation."""
-        self._jobs.append(job)
+        """Append a new job: it is last in the rotation, and offered."""
+        job.order = next(self._orders)
         self._by_id[job.id] = job
+        self.offer(job)
 
     def remove(self, job: LiveJob[C]) -> None:
-        """Take a job out, keeping the cursor on the job that was to come next."""
-        i = self._jobs.index(job)
-        del self._jobs[i]
+        """Take a job out; the cursor stays where it is."""
         del self._by_id[job.id]
-        if i < self._cursor:
-            self._cursor -= 1
+
+    def offer(self, job: LiveJob[C]) -> None:
+        """Queue a job that may start its next target, now or at its
+        ``retry_at``. Called after every change that may make it ready; a job
+        already queued, running, cancelled or out of targets is left as is."""
+        if job.queued or job.running or job.cancelled or job.next >= len(job.targets):
+            return
+        job.queued = True
+        if job.retry_at:
+            heapq.heappush(self._retry, (job.retry_at, job.order, job.id))
+        else:
+            self._place(job.order, job.id)
+
+    def _place(self, order: int, job_id: str) -> None:
+        heapq.heappush(self._ahead if order > self._cursor else self._behind, (order, job_id))
 
     def pick(self, now: float) -> LiveJob[C] | None:
-        """The first ready job from the cursor on, wrapping once; the cursor
-        moves to the index after it.
-
-        The cursor is not wrapped when it passes the end: a job appended while
-        the last one was picked is then the next scan's first, so a newcomer
-        takes its turn before the rotation starts over.
-        """
-        n = len(self._jobs)
-        for k in range(n):
-            i = (self._cursor + k) % n
-            job = self._jobs[i]
-            if job.ready(now):
-                self._cursor = i + 1
+        """The first ready job after the cursor, wrapping once; the cursor
+        moves to it. None if no job can start a target at ``now``."""
+        while self._retry and self._retry[0][0] <= now:
+            _, order, job_id = heapq.heappop(self._retry)
+            if (job := self._live(job_id)) is not None:
+                job.retry_at = 0.0
+                self._place(order, job_id)
+        while True:
+            if not self._ahead:
+                if not self._behind:
+                    return None
+                self._ahead, self._behind = self._behind, self._ahead  # wrap
+            order, job_id = heapq.heappop(self._ahead)
+            if (job := self._live(job_id)) is not None:
+                job.queued = False
+                self._cursor = order
                 return job
-        return None
+
+    def _live(self, job_id: str) -> LiveJob[C] | None:
+        """The job of an entry just popped, or None if it left or was
+        cancelled (the entry is dropped)."""
+        job = self._by_id.get(job_id)
+        if job is not None and job.cancelled:
+            job.queued = False
+            return None
+        return job
 
     def next_retry_in(self, now: float) -> float | None:
         """Seconds until the earliest held-back target may be tried, or None if
         no job waits on a retry."""
-        at = min((j.retry_at for j in self._jobs if j.waiting_retry(now)), default=math.inf)
-        return None if at == math.inf else at - now
+        while self._retry and self._by_id.get(self._retry[0][2]) is None:
+            heapq.heappop(self._retry)
+        return self._retry[0][0] - now if self._retry else None
 
     def waiting_retry(self, now: float) -> int:
         """How many jobs wait on a retry."""
-        return sum(1 for j in self._jobs if j.waiting_retry(now))
+        return sum(
+            1
+            for at, _, job_id in self._retry
+            if at > now and (job := self._by_id.get(job_id)) is not None and not job.cancelled
+        )

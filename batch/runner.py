@@ -98,6 +98,9 @@ class Runner(Generic[C]):
         # stays running until its outcome is recorded). _writing: a worker is
         # recording them (see _write).
         self._finished: list[tuple[LiveJob[C], Outcome]] = []
+        # Jobs whose first target started, to be stored as running with the
+        # next batch (the fetch does not wait for it).
+        self._starting: list[str] = []
         self._writing = False
         self._closed = False
 
@@ -135,7 +138,7 @@ class Runner(Generic[C]):
                 row.id, row.owner, caller, [Target(t.ref) for t in row.targets], now - age
             )
             job.next = pending[0]
-            job.started = row.status == "running"
+            job.started = True  # it ran before; its status stays as stored
             job.done = sum(t.status == "done" for t in row.targets)
             job.failed = job.next - job.done
             self._rotation.add(job)
@@ -379,13 +382,8 @@ class Runner(Generic[C]):
                     self._idle -= 1
                 continue
             if not job.started:
-                try:
-                    self._store.set_job_status(job.id, "running")
-                except store.StoreError:
-                    log.exception("cannot mark job %s running; trying again later", job.id)
-                    job.retry_at = now + self._config.retry_wait
-                    continue
                 job.started = True
+                self._starting.append(job.id)
             job.running = True
             self._inflight += 1
             call_hook(self._hooks.inflight, self._inflight)
@@ -407,9 +405,11 @@ class Runner(Generic[C]):
         try:
             while self._finished:
                 finished, self._finished = self._finished, []
+                starting, self._starting = self._starting, []
                 now = time.monotonic()
                 self._save(
-                    [(j, o) for j, outcome in finished if (o := self._ended(j, outcome, now))]
+                    [(j, o) for j, outcome in finished if (o := self._ended(j, outcome, now))],
+                    starting,
                 )
                 if self._idle or self._closed:
                     # These jobs can start their next target now or at
@@ -434,13 +434,16 @@ class Runner(Generic[C]):
             job.retry_at = now + max(self._config.retry_wait, outcome.after)
             if job.cancelled:
                 self._leave(job)
+            else:
+                self._rotation.offer(job)
             return None
         return outcome.busy_too_long(retry_for, asked)
 
-    def _save(self, ended: list[tuple[LiveJob[C], Outcome]]) -> None:
+    def _save(self, ended: list[tuple[LiveJob[C], Outcome]], starting: list[str]) -> None:
         """Store these outcomes in one transaction, each job's terminal status
-        with its last target (rule 4), then move the jobs on. Called with the
-        lock held; releases it while the store writes.
+        with its last target (rule 4), and the ``starting`` jobs as running;
+        then move the jobs on. Called with the lock held; releases it while
+        the store writes.
 
         A store that refuses the write (locked, disk full) is asked again with
         backoff until it accepts; the jobs stay running, so none starts its
@@ -449,13 +452,15 @@ class Runner(Generic[C]):
         pending, for the next runner.
         """
         delay = BACKOFF_FIRST
-        while ended:
+        while ended or starting:
             # Cancel may come while the store refuses: decide each time.
             outcomes = [self._stored(job, o) for job, o in ended]
             try:
                 self._lock.release()
                 try:
-                    stored = self._store.store_targets(outcomes, max_bytes=self._config.max_bytes)
+                    stored = self._store.store_targets(
+                        outcomes, max_bytes=self._config.max_bytes, starting=starting
+                    )
                 finally:
                     self._lock.acquire()
             except store.StoreError:
@@ -467,6 +472,7 @@ class Runner(Generic[C]):
                     )
                     for job, _ in ended:
                         job.running = False
+                        self._rotation.offer(job)
                     return
                 log.warning(
                     "cannot store %d outcome(s); trying again in %.2gs",
@@ -517,6 +523,8 @@ class Runner(Generic[C]):
             call_hook(self._hooks.job_seconds, time.monotonic() - job.created)
         if end is not None or job.cancelled:
             self._leave(job)
+        else:
+            self._rotation.offer(job)
 
     def _leave(self, job: LiveJob[C]) -> None:
         """Take a job out of the rotation, forgetting its caller, and tell the

@@ -30,6 +30,7 @@ __all__ = [
     "list_jobs",
     "load_jobs",
     "set_job_status",
+    "start_jobs",
     "store_targets",
     "total_bytes",
     "touch_job",
@@ -188,6 +189,17 @@ def store_targets(
     if added:
         conn.execute("UPDATE job_bytes SET total = total + ?", (added,))
     return refused
+
+
+def start_jobs(conn: sqlite3.Connection, job_ids: Sequence[str], now: float) -> None:
+    """Move these jobs from ``queued`` to ``running`` (those in another status
+    stay as they are)."""
+    if job_ids:
+        conn.execute(
+            "UPDATE jobs SET status = 'running', updated_at = ?"
+            f" WHERE status = 'queued' AND id IN ({', '.join(['?'] * len(job_ids))})",
+            (now, *job_ids),
+        )
 
 
 def end_jobs(

@@ -101,14 +101,20 @@ class Store:
             return stored.evicted
 
     def store_targets(
-        self, outcomes: Sequence[TargetOutcome], *, max_bytes: int | None = None
+        self,
+        outcomes: Sequence[TargetOutcome],
+        *,
+        max_bytes: int | None = None,
+        starting: Sequence[str] = (),
     ) -> Stored:
         """Store several targets' outcomes in one transaction (one commit for
         all: what a busy runner needs), then, given ``max_bytes``, evict
         terminal jobs past that budget, then end the jobs whose outcome
         carries a ``job_status``. An outcome the store refuses (its job gone,
-        its target stored already) does not stop the others."""
+        its target stored already) does not stop the others. First, the
+        ``starting`` jobs still ``queued`` become ``running``."""
         with self._db.transaction() as conn:
+            jobs.start_jobs(conn, starting, time.time())
             return _store_targets(conn, outcomes, max_bytes)
 
     def get_job(self, job_id: str, owner: str) -> JobRow | None:

@@ -112,17 +112,24 @@ def test_each_job_is_serial_with_several_workers(
 
 
 def test_job_not_reached_stays_queued(db: store.Store, script: Script) -> None:
-    """A job no worker has reached yet is ``queued``; it becomes ``running``
-    with its first target."""
+    """A job no worker has reached yet is ``queued``; a job a worker took up
+    is stored ``running`` with the next commit (its fetch does not wait for
+    it): here another job's outcome."""
     script.hold("a1")
-    with runner(db, script, workers=1) as r:
-        a = r.submit(ALICE, ["a1"])
-        script.started("a1")
+    script.hold("b1")
+    with runner(db, script, workers=2) as r:
+        a = r.submit(ALICE, ["a1", "a2"])
         b = r.submit(ALICE, ["b1"])
-        assert r.status(ALICE, a).status == "running"
-        assert r.status(ALICE, b).status == "queued"
-        script.release("a1")
+        script.started("a1")
+        script.started("b1")
+        c = r.submit(ALICE, ["c1"])
+        assert r.status(ALICE, c).status == "queued"
+        script.release("b1")
         assert r.wait(ALICE, b, TIMEOUT).status == "done"
+        assert r.status(ALICE, a).status == "running"
+        script.release("a1")
+        assert r.wait(ALICE, a, TIMEOUT).status == "done"
+        assert r.wait(ALICE, c, TIMEOUT).status == "done"
 
 
 # -- rule 2: one target ----------------------------------------------------
