@@ -106,8 +106,13 @@ class Rotation(Generic[C]):
         self.offer(job)
 
     def remove(self, job: LiveJob[C]) -> None:
-        """Take a job out; the cursor stays where it is."""
+        """Take a job out; the cursor stays where it is. The last one out
+        drops the entries left behind by cancelled jobs."""
         del self._by_id[job.id]
+        if not self._by_id:
+            self._ahead.clear()
+            self._behind.clear()
+            self._retry.clear()
 
     def offer(self, job: LiveJob[C]) -> None:
         """Queue a job that may start its next target, now or at its

@@ -185,10 +185,14 @@ class Runner(Generic[C]):
         owner = caller_id(caller)
         job_targets = self._targets(targets)
         job_id = uuid.uuid4().hex
+        if self._closed:  # read without the lock: a hint, settled below
+            raise RunnerClosed("the runner is closed; submit to a new Runner")
+        # Stored first, without the lock (workers go on meanwhile): a new job
+        # is no other thread's business until it joins the rotation. If close
+        # comes between, the job stays live in the store for the next runner,
+        # like any unfinished job of a closed runner.
+        self._store.create_job(job_id, owner, [t.ref for t in job_targets], self._id)
         with self._lock:
-            if self._closed:
-                raise RunnerClosed("the runner is closed; submit to a new Runner")
-            self._store.create_job(job_id, owner, [t.ref for t in job_targets], self._id)
             self._rotation.add(LiveJob(job_id, owner, caller, job_targets, time.monotonic()))
             call_hook(self._hooks.depth, len(self._rotation))
             self._cond.notify_all()
