@@ -1,127 +1,255 @@
-"""The run queue at size: wake_queued and submit_run, with and without the
-partial index on QUEUED runs.
+"""Scenario 5, the run queue at size: whether waking the queue costs what
+was freed rather than what waits, and how fast runs go in.
 
-A store file with --history finished runs, --nodes nodes each busy with a
-one-step run, and --queued runs waiting. Measured:
-  (a) wake_queued when nothing fits (every node busy);
-  (b) wake_queued when one node frees (its run ended);
-  submit_run per second on a file store, placed at once and queued.
-Each figure is the median of --rounds, first with the partial index the
-schema has (runs_queued), then on a copy of the file without it.
+Two store files alike but for the queue's length: 100,000 finished runs,
+1,000 nodes each busy with a one-step run, then 10,000 QUEUED runs, or 1,000
+(the baseline: if a cost grew with the queue, the ratio would show it).
+Measured, on a fresh copy of each file per round:
 
-    python bench/runs.py [--history H] [--nodes N] [--queued Q] [--rounds R]
+(a) ``wake_queued`` with nothing free;
+(b) ``wake_queued`` after one node frees (it promotes one run);
+(c) ``wake_queued`` after 100 nodes free (it promotes 100), also per run
+    promoted against (b): a wake costs in proportion to what it promotes;
+(d) ``submit_run`` into the queue (every node busy), runs per second;
+(e) ``submit_run`` placed at once on idle nodes, runs per second;
+(f) (a) and (b) on a copy of the long queue's file without the index on
+    QUEUED runs: what the index buys.
+
+Nodes are freed behind the store's back (raw SQL ends their runs), so that
+the only wake is the one measured.
+
+    python -m bench.runs [--rounds N] [--quick] [--json PATH]
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import shutil
 import sqlite3
 import statistics
-import tempfile
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import store
+from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Unit, alternate
+from bench.workload import scratch
+from store.db import Synchronous
 
-STEP = [store.Step("work", "exec", {"linux"})]
+__all__ = ["SCENARIO"]
+
+#: Every run: one step any node can take, so each holds exactly one node.
+STEPS = [store.Step("work", "exec", {"linux"})]
 
 
-def build(path: Path, n_history: int, n_nodes: int, n_queued: int) -> None:
-    with store.open(path, max_leases_per_run=1) as db:
-        # Finished runs, older than everything else: written directly, as only
-        # their rows in `runs` matter to the queue.
-        with db._db.transaction() as conn:
-            conn.executemany(
-                "INSERT INTO runs (id, state, created_at, started_at, ended_at)"
-                " VALUES (?, 'SUCCEEDED', ?, ?, ?)",
-                ((f"old-{i:07d}", 1.0 + i, 1.0 + i, 2.0 + i) for i in range(n_history)),
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """The files' contents, and the calls timed per round."""
+
+    history: int
+    nodes: int
+    queued: int
+    short: int
+    wakes: int
+    freed: int
+    many_wakes: int
+    submits: int
+
+
+FULL = Sizes(
+    history=100_000,
+    nodes=1_000,
+    queued=10_000,
+    short=1_000,
+    wakes=20,
+    freed=100,
+    many_wakes=3,
+    submits=300,
+)
+QUICK = Sizes(
+    history=1_000, nodes=100, queued=1_000, short=100, wakes=5, freed=10, many_wakes=2, submits=50
+)
+
+
+def open_store(path: Path, synchronous: Synchronous = "NORMAL") -> store.Store:
+    """The store as measured: one node per run."""
+    return store.open(path, max_leases_per_run=1, synchronous=synchronous)
+
+
+def advertise(db: store.Store, first: int, last: int) -> None:
+    """Advertise nodes ``first`` to ``last - 1``, any of which can take any run."""
+    for i in range(first, last):
+        db.advertise(store.Advert(f"n{i:05d}", f"box-{i}", {"linux"}))
+
+
+def submit(db: store.Store, runs: int, state: str) -> None:
+    """Submit ``runs`` runs, each of which must end up in ``state``."""
+    for _ in range(runs):
+        view = db.submit_run(STEPS)
+        if view.state != state:
+            raise RuntimeError(f"a run went {view.state}, not {state}: the file is not as built")
+
+
+def build(path: Path, queued: int, sizes: Sizes) -> None:
+    """A file with the history, every node busy with a run, ``queued`` runs
+    waiting behind.
+
+    Built through the public API, and quickly: the runs are submitted while
+    a single node is advertised (a submit costs in proportion to the nodes),
+    then the other nodes are advertised, each one's wake promoting the oldest
+    queued run onto it. The finished runs, older than all, are written with
+    raw SQL first: only their rows in ``runs`` matter to the queue.
+    """
+    open_store(path).close()
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("BEGIN")
+        conn.executemany(
+            "INSERT INTO runs (id, state, created_at, started_at, ended_at)"
+            " VALUES (?, 'SUCCEEDED', ?, ?, ?)",
+            ((f"old-{i:07d}", 1.0 + i, 1.0 + i, 2.0 + i) for i in range(sizes.history)),
+        )
+        conn.execute("COMMIT")
+    with open_store(path) as db:
+        advertise(db, 0, 1)
+        submit(db, 1, "RUNNING")
+        submit(db, queued + sizes.nodes - 1, "QUEUED")
+        advertise(db, 1, sizes.nodes)
+        if len(db.unavailable_nodes()) != sizes.nodes:
+            raise RuntimeError("a node advertised took no queued run: the file is not as built")
+
+
+def free(path: Path, n: int) -> None:
+    """End ``n`` running runs behind the store's back (no wake follows):
+    their leases gone, their step and the run SUCCEEDED."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("BEGIN IMMEDIATE")
+        for (run_id,) in conn.execute("SELECT run_id FROM leases LIMIT ?", (n,)).fetchall():
+            conn.execute("DELETE FROM leases WHERE run_id = ?", (run_id,))
+            conn.execute("UPDATE steps SET state = 'SUCCEEDED' WHERE run_id = ?", (run_id,))
+            conn.execute(
+                "UPDATE runs SET state = 'SUCCEEDED', ended_at = 0 WHERE id = ?", (run_id,)
             )
-        for i in range(n_nodes):
-            db.advertise(store.Advert(f"n{i:05d}", f"box-{i}", {"linux"}))
-        for _ in range(n_nodes):
-            assert db.submit_run(STEP).state == "RUNNING"
-        for _ in range(n_queued):
-            assert db.submit_run(STEP).state == "QUEUED"
+        conn.execute("COMMIT")
 
 
-def free_one(path: Path) -> None:
-    """End one running run behind the store's back, so that no wake follows."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("BEGIN IMMEDIATE")
-    (run_id,) = conn.execute("SELECT run_id FROM leases LIMIT 1").fetchone()
-    conn.execute("DELETE FROM leases WHERE run_id = ?", (run_id,))
-    conn.execute("UPDATE steps SET state = 'SUCCEEDED' WHERE run_id = ?", (run_id,))
-    conn.execute("UPDATE runs SET state = 'SUCCEEDED', ended_at = 0 WHERE id = ?", (run_id,))
-    conn.execute("COMMIT")
-    conn.close()
-
-
-def timed(fn: object, *args: object) -> float:
-    start = time.perf_counter()
-    fn(*args)  # type: ignore[operator]
-    return time.perf_counter() - start
-
-
-def measure(path: Path, rounds: int) -> dict[str, float]:
-    out: dict[str, float] = {}
-    with store.open(path, max_leases_per_run=1) as db:
-        out["wake, nothing fits (ms)"] = 1e3 * statistics.median(
-            timed(db.wake_queued, "bench") for _ in range(rounds)
-        )
-        one = []
-        for _ in range(rounds):
-            free_one(path)
-            start = time.perf_counter()
-            promoted = db.wake_queued("bench")
-            one.append(time.perf_counter() - start)
-            assert len(promoted) == 1
-        out["wake, one node frees (ms)"] = 1e3 * statistics.median(one)
-        n = 500
-        start = time.perf_counter()
-        for _ in range(n):
-            db.submit_run(STEP)
-        out["submit_run, queued (/s)"] = n / (time.perf_counter() - start)
-    with store.open(path.with_name("idle.sqlite3"), max_leases_per_run=1) as idle:
-        for i in range(n):
-            idle.advertise(store.Advert(f"n{i:05d}", f"box-{i}", {"linux"}))
-        start = time.perf_counter()
-        for _ in range(n):
-            assert idle.submit_run(STEP).state == "RUNNING"
-        out[f"submit_run, placed on {n} idle nodes (/s)"] = n / (time.perf_counter() - start)
-    return out
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="the run queue at size")
-    parser.add_argument("--history", type=int, default=100_000)
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--queued", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        base = Path(d) / "base.sqlite3"
-        start = time.perf_counter()
-        build(base, args.history, args.nodes, args.queued)
-        print(
-            f"built {args.history} finished runs, {args.nodes} busy nodes,"
-            f" {args.queued} queued runs in "
-            f"{time.perf_counter() - start:.1f}s"
-        )
-        results = {}
-        for variant in ("with index", "without index"):
-            path = Path(d) / variant.replace(" ", "-") / "runs.sqlite3"
-            path.parent.mkdir()
-            shutil.copy(base, path)
-            if variant == "without index":
-                conn = sqlite3.connect(path)
+@contextlib.contextmanager
+def fresh_copy(base: Path, *, drop_index: bool = False) -> Iterator[tuple[Path, store.Store]]:
+    """A copy of ``base`` (without the QUEUED index if asked), opened."""
+    with scratch() as path:
+        shutil.copy(base, path)
+        if drop_index:
+            with contextlib.closing(sqlite3.connect(path)) as conn:
                 conn.execute("DROP INDEX runs_queued")
-                conn.close()
-            results[variant] = measure(path, args.rounds)
-    print(f"{'':<44}{'with index':>14}{'without index':>16}")
-    for key in results["with index"]:
-        print(f"{key:<44}{results['with index'][key]:>14.2f}{results['without index'][key]:>16.2f}")
+        with open_store(path) as db:
+            yield path, db
 
+
+def wake_after(path: Path, db: store.Store, freed: int) -> float:
+    """Milliseconds of one wake after ``freed`` nodes free; it must promote as many."""
+    free(path, freed)
+    start = time.perf_counter()
+    promoted = db.wake_queued("bench")
+    elapsed = time.perf_counter() - start
+    if len(promoted) != freed:
+        raise RuntimeError(f"{freed} nodes freed, {len(promoted)} runs promoted")
+    return elapsed * 1e3
+
+
+def median_of(calls: int, measure: Callable[[], float]) -> float:
+    return statistics.median(measure() for _ in range(calls))
+
+
+def queue_costs(base: Path, sizes: Sizes, *, drop_index: bool = False) -> dict[str, float]:
+    """The wakes (a), (b), (c) in milliseconds, and (d) in runs per second,
+    on a fresh copy of ``base``; without the index only (a) and (b)."""
+    with fresh_copy(base, drop_index=drop_index) as (path, db):
+        costs = {
+            "idle": median_of(sizes.wakes, lambda: wake_after(path, db, 0)),
+            "one": median_of(sizes.wakes, lambda: wake_after(path, db, 1)),
+        }
+        if drop_index:
+            return costs
+        costs["many"] = median_of(sizes.many_wakes, lambda: wake_after(path, db, sizes.freed))
+        start = time.perf_counter()
+        submit(db, sizes.submits, "QUEUED")
+        costs["submit"] = sizes.submits / (time.perf_counter() - start)
+        return costs
+
+
+def placed_rate(runs: int, synchronous: Synchronous = "NORMAL") -> dict[str, float]:
+    """(e) in runs per second: ``submit_run`` placing each run at once on an
+    idle node."""
+    with scratch() as path, open_store(path, synchronous) as db:
+        advertise(db, 0, runs)
+        start = time.perf_counter()
+        submit(db, runs, "RUNNING")
+        return {"placed": runs / (time.perf_counter() - start)}
+
+
+def run(opts: Options) -> list[Row]:
+    sizes = QUICK if opts.quick else FULL
+    with scratch("short.sqlite3") as short, scratch("long.sqlite3") as long:
+        build(short, sizes.short, sizes)
+        build(long, sizes.queued, sizes)
+        costs = alternate(
+            opts.rounds,
+            {
+                "long": lambda: queue_costs(long, sizes),
+                "short": lambda: queue_costs(short, sizes),
+                "no index": lambda: queue_costs(long, sizes, drop_index=True),
+                "placed": lambda: placed_rate(sizes.submits),
+            },
+        )
+
+    def series(key: str, cost: str, name: str) -> Series:
+        return Series(name, [c[cost] for c in costs[key]])
+
+    long_q, short_q = f"{sizes.queued:,} queued", f"{sizes.short:,} queued"
+    versus = f"{sizes.queued:,} vs {sizes.short:,}"
+
+    def by_length(what: str, cost: str, unit: Unit, goal: Goal | None) -> Figure:
+        return Figure(
+            "5", what, unit, series("long", cost, long_q), series("short", cost, short_q), goal
+        )
+
+    def by_index(what: str, cost: str) -> Figure:
+        return Figure(
+            "5",
+            what,
+            "ms",
+            series("long", cost, f"{long_q}, with the index"),
+            series("no index", cost, f"{long_q}, without the index"),
+        )
+
+    per_run = [c["many"] / sizes.freed for c in costs["long"]]
+    return [
+        by_length(f"wake, none free, {versus}", "idle", "ms", Goal("median", "<", 5.0)),
+        by_length(f"wake, 1 freed, {versus}", "one", "ms", Goal("ratio", "<=", 1.5)),
+        by_length(f"wake, {sizes.freed} freed, {versus}", "many", "ms", Goal("ratio", "<=", 1.5)),
+        Figure(
+            "5",
+            "  per run promoted vs 1 freed",
+            "ms",
+            Series(f"wake after {sizes.freed} freed, per run, {long_q}", per_run),
+            series("long", "one", f"wake after 1 freed, {long_q}"),
+            Goal("ratio", "<=", 1.0),
+        ),
+        by_length(f"submit_run queued {versus}", "submit", "/s", None),
+        Figure(
+            "5",
+            f"submit_run placed, {sizes.submits} idle nodes",
+            "/s",
+            series("placed", "placed", "submit_run, placed at once"),
+        ),
+        by_index("wake, none free vs no QUEUED index", "idle"),
+        by_index("wake, 1 freed vs no QUEUED index", "one"),
+    ]
+
+
+SCENARIO = Scenario("5", "the run queue", run)
 
 if __name__ == "__main__":
-    main()
+    from bench.run import main
+
+    raise SystemExit(main(suite=[SCENARIO]))

@@ -1,120 +1,266 @@
-"""Throughput: the runner against a plain ThreadPoolExecutor writing to SQLite.
+"""Scenario 1, throughput: 20,000 targets with a no-op fetch on 4 workers, as
+10 jobs of 2,000, against three baselines measured in the same rounds.
 
-20,000 targets with a no-op fetch, 4 workers, as 10 jobs of 2,000. The
-baseline, measured in the same run: a ThreadPoolExecutor(4) whose tasks each
-commit their JSON result to SQLite (WAL, synchronous=NORMAL, one connection
-shared under a lock, one UPDATE per transaction, rows of the same size).
-Compare the ratio, not the absolute figures: the machine is noisy.
+- raw SQLite: the same rows updated one per transaction (WAL,
+  synchronous=NORMAL, 4 threads sharing one connection under a lock). No
+  fetch, no scheduling: the ceiling the store's settings allow.
+- the naive baseline: ``ThreadPoolExecutor(4)`` whose tasks each run the fetch
+  and commit its JSON result the same way. What one writes without a runner.
+- huey (only where it is installed; it is no dependency): ``SqliteHuey`` on
+  synchronous=NORMAL like ours, 4 worker threads, otherwise its defaults, one
+  task per target. Measured on fewer targets: its rate does not depend on
+  the count, and it is slow enough to dominate the suite otherwise.
 
-    python bench/throughput.py [--targets N] [--rounds R]
+Every rate runs from the first submit (or enqueue) to the last stored result.
+
+    python -m bench.throughput [--rounds N] [--quick] [--json PATH]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import contextlib
+import importlib
+import importlib.util
+import itertools
+import signal
 import sqlite3
-import statistics
-import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Any
 
-import batch
-import store
+from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Skipped, alternate
+from bench.workload import (
+    WORKERS,
+    drain_rate,
+    echo,
+    open_runner,
+    raw_sqlite,
+    refs,
+    result_json,
+    scratch,
+)
+from store.db import Synchronous
 
-WORKERS = 4
-JOBS = 10
+__all__ = ["SCENARIO", "Sizes", "runner_rate"]
 
 
-def noop(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
-    return {"ref": target.ref}
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """How much work one measurement does."""
+
+    jobs: int
+    per_job: int
+    huey_tasks: int
+
+    @property
+    def targets(self) -> int:
+        return self.jobs * self.per_job
 
 
-def run_runner(path: Path, n: int) -> float:
-    caller = batch.Caller("bench")
-    per_job = n // JOBS
+FULL = Sizes(jobs=10, per_job=2_000, huey_tasks=5_000)
+QUICK = Sizes(jobs=10, per_job=200, huey_tasks=500)
+
+
+def runner_rate(jobs: int, per_job: int, synchronous: Synchronous = "NORMAL") -> float:
+    """Targets per second of the runner: ``jobs`` jobs of ``per_job`` no-op
+    targets, submitted at once to an idle runner on a new store file."""
+    work = [refs(j, per_job) for j in range(jobs)]
     with (
-        store.open(path) as db,
-        batch.Runner(db, noop, batch.Config(workers=WORKERS, max_targets=per_job)) as r,
+        scratch() as path,
+        open_runner(path, echo, synchronous, max_targets=per_job) as (runner, tally),
     ):
-        start = time.perf_counter()
-        ids = [r.submit(caller, [f"job{j}-{i}" for i in range(per_job)]) for j in range(JOBS)]
-        for job_id in ids:
-            assert r.wait(caller, job_id, timeout=600).status == "done"
-        return n / (time.perf_counter() - start)
+        return drain_rate(runner, tally, work)
 
 
-def run_executor(path: Path, n: int) -> float:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute(
-        "CREATE TABLE targets (job_id TEXT, pos INTEGER, ref TEXT, status TEXT,"
-        " result TEXT, PRIMARY KEY (job_id, pos)) WITHOUT ROWID"
-    )
-    per_job = n // JOBS
-    conn.execute("BEGIN")
-    conn.executemany(
-        "INSERT INTO targets VALUES (?, ?, ?, 'pending', NULL)",
-        ((f"job{j:028d}", i, f"job{j}-{i}") for j in range(JOBS) for i in range(per_job)),
-    )
-    conn.execute("COMMIT")
-    lock = threading.Lock()
+# -- raw SQLite and the naive baseline ---------------------------------------------
 
-    def task(job: str, pos: int, ref: str) -> None:
-        result = json.dumps({"ref": ref})
-        with lock:
-            conn.execute("BEGIN IMMEDIATE")
+
+Rows = list[tuple[str, int, str]]
+
+
+@contextlib.contextmanager
+def targets_table(sizes: Sizes) -> Iterator[tuple[sqlite3.Connection, Rows]]:
+    """A new file with a table shaped like the store's ``targets`` (job ids of
+    the runner's length, the same refs, every row pending), and its rows."""
+    rows = [
+        (f"{j:032x}", i, ref)
+        for j in range(sizes.jobs)
+        for i, ref in enumerate(refs(j, sizes.per_job))
+    ]
+    with scratch() as path:
+        conn = raw_sqlite(path)
+        try:
             conn.execute(
-                "UPDATE targets SET status = 'done', result = ? WHERE job_id = ? AND pos = ?",
-                (result, job, pos),
+                "CREATE TABLE targets (job_id TEXT, pos INTEGER, ref TEXT,"
+                " status TEXT NOT NULL DEFAULT 'pending', result TEXT,"
+                " PRIMARY KEY (job_id, pos)) WITHOUT ROWID"
             )
+            conn.execute("BEGIN")
+            conn.executemany("INSERT INTO targets (job_id, pos, ref) VALUES (?, ?, ?)", rows)
             conn.execute("COMMIT")
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(WORKERS) as pool:
-        for j in range(JOBS):
-            for i in range(per_job):
-                pool.submit(task, f"job{j:028d}", i, f"job{j}-{i}")
-    rate = n / (time.perf_counter() - start)
-    conn.close()
-    return rate
+            yield conn, rows
+        finally:
+            conn.close()
 
 
-def measure(fn: Callable[[Path, int], float], n: int, rounds: int) -> list[float]:
-    rates = []
-    for _ in range(rounds):
-        with tempfile.TemporaryDirectory() as d:
-            rates.append(fn(Path(d) / "bench.sqlite3", n))
-    return rates
+def commit_result(
+    conn: sqlite3.Connection, lock: threading.Lock, row: tuple[str, int, str], result: str
+) -> None:
+    """Store one target's result as its own transaction, as the runner does."""
+    job_id, pos, _ = row
+    with lock:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(
+            "UPDATE targets SET status = 'done', result = ? WHERE job_id = ? AND pos = ?",
+            (result, job_id, pos),
+        )
+        conn.execute("COMMIT")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="runner throughput against a baseline")
-    parser.add_argument("--targets", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    rows = []
-    # Alternate the two so that a noisy spell of the machine hits both alike.
-    runner_rates: list[float] = []
-    executor_rates: list[float] = []
-    for _ in range(args.rounds):
-        executor_rates += measure(run_executor, args.targets, 1)
-        runner_rates += measure(run_runner, args.targets, 1)
-    for name, rates in (
-        ("batch.Runner", runner_rates),
-        ("ThreadPoolExecutor+SQLite", executor_rates),
-    ):
-        rows.append((name, statistics.median(rates), min(rates), max(rates)))
-    print(f"{args.targets} targets, no-op fetch, {WORKERS} workers, {args.rounds} rounds")
-    print(f"{'':<28}{'median/s':>10}{'min':>10}{'max':>10}")
-    for name, med, lo, hi in rows:
-        print(f"{name:<28}{med:>10.0f}{lo:>10.0f}{hi:>10.0f}")
-    print(f"ratio runner/baseline (medians): {rows[0][1] / rows[1][1]:.2f}x")
+def raw_sqlite_rate(sizes: Sizes) -> float:
+    """Rows per second: :data:`WORKERS` threads each committing its share of
+    the rows, results computed beforehand."""
+    with targets_table(sizes) as (conn, rows):
+        lock = threading.Lock()
+        work = [(row, result_json(row[2])) for row in rows]
 
+        def commit_share(k: int) -> None:
+            for row, result in work[k::WORKERS]:
+                commit_result(conn, lock, row, result)
+
+        threads = [threading.Thread(target=commit_share, args=(k,)) for k in range(WORKERS)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return len(rows) / (time.perf_counter() - start)
+
+
+def executor_rate(sizes: Sizes) -> float:
+    """Targets per second of the naive baseline: one task per target, each
+    building the fetch's small dict, encoding it and committing it."""
+    with targets_table(sizes) as (conn, rows):
+        lock = threading.Lock()
+
+        def task(row: tuple[str, int, str]) -> None:
+            commit_result(conn, lock, row, result_json(row[2]))
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(WORKERS) as pool:
+            for row in rows:
+                pool.submit(task, row)
+        return len(rows) / (time.perf_counter() - start)
+
+
+# -- huey ---------------------------------------------------------------------------
+
+
+def huey_installed() -> bool:
+    return importlib.util.find_spec("huey") is not None
+
+
+def huey_rate(n: int) -> float:
+    """Tasks per second of huey: ``n`` no-op tasks enqueued to a running
+    consumer of :data:`WORKERS` threads, until the last result is stored."""
+    huey: Any = importlib.import_module("huey")
+    storage: Any = importlib.import_module("huey.storage")
+    signals: Any = importlib.import_module("huey.signals")
+
+    class NormalSqliteStorage(storage.SqliteStorage):  # type: ignore[misc]
+        """huey's SQLite storage on synchronous=NORMAL, as the store runs."""
+
+        def _create_connection(self) -> sqlite3.Connection:
+            conn: sqlite3.Connection = super()._create_connection()
+            conn.execute("PRAGMA synchronous = NORMAL")
+            return conn
+
+    with scratch() as path:
+        queue = huey.Huey("bench", storage_class=NormalSqliteStorage, filename=str(path))
+        done = threading.Event()
+        count = itertools.count(1)
+
+        @queue.task()
+        def fetch(ref: str) -> dict[str, str]:
+            return {"ref": ref}
+
+        @queue.signal(signals.SIGNAL_COMPLETE)
+        def completed(signal_name: str, task: object) -> None:
+            if next(count) == n:
+                done.set()
+
+        consumer = queue.create_consumer(workers=WORKERS, worker_type="thread")
+        with kept_signal_handlers():
+            consumer.start()
+            try:
+                start = time.perf_counter()
+                for i in range(n):
+                    fetch(f"job0-{i}")
+                done.wait()
+                return n / (time.perf_counter() - start)
+            finally:
+                consumer.stop(graceful=True)
+
+
+@contextlib.contextmanager
+def kept_signal_handlers() -> Iterator[None]:
+    """Put back the signal handlers a huey consumer installs when it starts."""
+    signums = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+    saved = {signum: signal.getsignal(signum) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
+# -- the scenario ---------------------------------------------------------------------
+
+
+def run(opts: Options) -> list[Row]:
+    sizes = QUICK if opts.quick else FULL
+    measures = {
+        "runner": lambda: runner_rate(sizes.jobs, sizes.per_job),
+        "raw": lambda: raw_sqlite_rate(sizes),
+        "executor": lambda: executor_rate(sizes),
+    }
+    if huey_installed():
+        measures["huey"] = lambda: huey_rate(sizes.huey_tasks)
+    rates = alternate(opts.rounds, measures)
+    ours = Series(f"batch.Runner, {sizes.jobs} jobs of {sizes.per_job:,}", rates["runner"])
+
+    def against(what: str, key: str, name: str, goal: Goal | None) -> Figure:
+        return Figure("1", what, "/s", ours, Series(name, rates[key]), goal)
+
+    rows: list[Row] = [
+        against("runner vs raw SQLite, 1 row/commit", "raw", "raw SQLite, 4 threads", None),
+        against(
+            "runner vs naive TPE+SQLite commits",
+            "executor",
+            "ThreadPoolExecutor(4), a commit per task",
+            Goal("ratio", ">=", 1.0),
+        ),
+    ]
+    if "huey" in rates:
+        rows.append(
+            against(
+                "runner vs huey (SqliteHuey)",
+                "huey",
+                f"huey SqliteHuey, 4 threads, {sizes.huey_tasks:,} tasks",
+                Goal("ratio", ">=", 5.0),
+            )
+        )
+    else:
+        rows.append(Skipped("1", "runner vs huey", "huey is not installed"))
+    return rows
+
+
+SCENARIO = Scenario("1", "throughput", run)
 
 if __name__ == "__main__":
-    main()
+    from bench.run import main
+
+    raise SystemExit(main(suite=[SCENARIO]))

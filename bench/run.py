@@ -1,0 +1,134 @@
+"""The benchmark suite: each scenario measures our code and its baselines in
+the same run, taking turns round by round, and the run ends with one table
+and a JSON record.
+
+    python -m bench [--rounds N] [--only 1,3,5] [--quick] [--json PATH]
+    python bench/run.py ...            (the same)
+    python -m bench.latency ...        (one scenario alone, same options)
+
+Scenarios: 1 throughput, 2 many live jobs, 3 latency, 4 the store at size,
+5 the run queue, 6 memory. The machine is noisy and shared: compare ratios
+measured in the same run, never absolute figures across runs.
+
+The JSON record goes to ``bench/results/<commit>.json`` (git ignores that
+directory), with ``-dirty`` when the library's code differs from the commit,
+``-quick`` for small sizes and ``-only-...`` for a part of the suite, so that
+a partial run never overwrites a full one. The exit status is 0 whenever the
+suite ran, whatever targets it met: a benchmark reports, it does not judge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+if __package__ in (None, ""):  # python bench/run.py: make the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import latency, live, memory, runs, size, throughput
+from bench.measure import REPO, Options, Row, Scenario, print_table, record
+
+__all__ = ["SUITE", "main"]
+
+SUITE: tuple[Scenario, ...] = (
+    throughput.SCENARIO,
+    live.SCENARIO,
+    latency.SCENARIO,
+    size.SCENARIO,
+    runs.SCENARIO,
+    memory.SCENARIO,
+)
+
+
+def main(argv: Sequence[str] | None = None, suite: Sequence[Scenario] = SUITE) -> int:
+    """Run the scenarios asked for, print the table, write the JSON record."""
+    args = _parser(suite).parse_args(argv)
+    opts = Options(rounds=args.rounds, quick=args.quick)
+    chosen = [s for s in suite if s.key in args.only]
+    start = time.perf_counter()
+    rows: list[Row] = []
+    for scenario in chosen:
+        began = time.perf_counter()
+        _progress(f"scenario {scenario.key}, {scenario.name}: running")
+        rows += scenario.run(opts)
+        _progress(f"scenario {scenario.key}, {scenario.name}: {time.perf_counter() - began:.0f} s")
+    seconds = time.perf_counter() - start
+    rec = record(rows, opts, seconds)
+    host = rec["machine"]
+    print(
+        f"commit {rec['commit']}{' (library modified)' if rec['dirty'] else ''},"
+        f" Python {host['python']}, SQLite {host['sqlite']}, {host['cpus']} CPUs,"
+        f" {opts.rounds} rounds{', quick sizes' if opts.quick else ''}, {seconds:.0f} s"
+    )
+    print_table(rows)
+    path = args.json or _default_json(rec["commit"], rec["dirty"], opts, chosen)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec, indent=2) + "\n")
+    print(f"JSON record: {path}")
+    return 0
+
+
+def _parser(suite: Sequence[Scenario]) -> argparse.ArgumentParser:
+    keys = [s.key for s in suite]
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Benchmarks of the batch runner and its store, each against its baselines.",
+        epilog="scenarios: " + ", ".join(f"{s.key} {s.name}" for s in suite),
+    )
+    parser.add_argument(
+        "--rounds", type=_positive, default=3, help="rounds of each measure (default 3)"
+    )
+    parser.add_argument(
+        "--only",
+        type=lambda text: _keys(text, keys),
+        default=keys,
+        metavar="1,3,5",
+        help="run these scenarios only",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes, to try the suite out quickly"
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        help="where to write the JSON record (default: bench/results/<commit>.json,"
+        " suffixed -dirty, -quick, -only-... as they apply)",
+    )
+    return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _keys(text: str, known: Sequence[str]) -> list[str]:
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in known]
+    if unknown or not keys:
+        raise argparse.ArgumentTypeError(
+            f"choose among {', '.join(known)}; not {', '.join(unknown) or 'nothing'}"
+        )
+    return keys
+
+
+def _default_json(commit: str, dirty: bool, opts: Options, chosen: Sequence[Scenario]) -> Path:
+    name = commit + ("-dirty" if dirty else "") + ("-quick" if opts.quick else "")
+    if [s.key for s in chosen] != [s.key for s in SUITE]:
+        name += "-only-" + "-".join(s.key for s in chosen)
+    return REPO / "bench" / "results" / f"{name}.json"
+
+
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,189 @@
+"""Scenario 4, the store at size: whether storing a target costs the same in
+a store holding 100,000 terminal jobs as in one holding 100, and what reading
+a big job costs.
+
+(a) ``Store.store_target`` with eviction: the byte budget is what the
+    terminal jobs hold, so every stored target evicts the oldest job (each
+    holds exactly the bytes one target adds). 100,000 jobs against 100.
+(b) ``Store.store_target`` under budget: the same files, a budget far above
+    them. The store keeps a byte total, so this should be flat.
+(c) ``Runner.status`` of a done 1,000-target job, against reading the same
+    rows with raw SQL and decoding each result (no objects built): the
+    least any status read does.
+
+The files are written once with raw SQL in one transaction, in the schema
+``store.open`` creates, the byte total kept consistent; every measure then
+opens a fresh copy with ``store.open`` and goes through the public API. A
+cost is the median of one call over a round's calls.
+
+    python -m bench.size [--rounds N] [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sqlite3
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import store
+from bench.measure import Figure, Goal, Options, Row, Scenario, Series, alternate
+from bench.workload import CALLER, PATIENCE, echo, open_runner, raw_sqlite, result_json, scratch
+
+__all__ = ["SCENARIO"]
+
+#: A budget no test file comes near.
+UNLIMITED = 1 << 62
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """Terminal jobs in the big and the small file; calls timed per round."""
+
+    big: int
+    small: int
+    stores: int
+    status_calls: int
+    status_targets: int
+
+
+FULL = Sizes(big=100_000, small=100, stores=50, status_calls=50, status_targets=1_000)
+QUICK = Sizes(big=5_000, small=100, stores=20, status_calls=10, status_targets=1_000)
+
+
+def ref(i: int) -> str:
+    """Refs of one length, so that every result stored is as long as the next."""
+    return f"doc-{i:08d}"
+
+
+def build(path: Path, jobs: int) -> None:
+    """A store file holding ``jobs`` terminal jobs of one done target each,
+    touched oldest first, and the byte total that goes with them."""
+    store.open(path).close()
+    nbytes = len(result_json(ref(0)).encode())
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("BEGIN")
+        conn.executemany(
+            "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, nbytes)"
+            " VALUES (?, ?, 'done', ?, ?, ?, ?)",
+            ((f"{i:032x}", CALLER.id, 1e6 + i, 1e6 + i, 1e6 + i, nbytes) for i in range(jobs)),
+        )
+        conn.executemany(
+            "INSERT INTO targets (job_id, pos, ref, status, result) VALUES (?, 0, ?, 'done', ?)",
+            ((f"{i:032x}", ref(i), result_json(ref(i))) for i in range(jobs)),
+        )
+        conn.execute("UPDATE job_bytes SET total = total + ?", (jobs * nbytes,))
+        conn.execute("COMMIT")
+
+
+@contextlib.contextmanager
+def fresh_copy(base: Path) -> Iterator[store.Store]:
+    """A copy of ``base``, opened: every measure starts from the same file."""
+    with scratch() as path:
+        shutil.copy(base, path)
+        with store.open(path) as db:
+            yield db
+
+
+def store_cost(base: Path, stores: int, evicting: bool) -> float:
+    """Microseconds per ``store_target`` into a live job of a copy of
+    ``base``: each evicting exactly one job, or (``evicting=False``) none."""
+    with fresh_copy(base) as db:
+        budget = db.total_bytes() if evicting else UNLIMITED
+        job_id = uuid.uuid4().hex
+        db.create_job(job_id, CALLER.id, [ref(i) for i in range(stores)])
+        times = []
+        for pos in range(stores):
+            result = result_json(ref(pos))
+            start = time.perf_counter()
+            evicted = db.store_target(job_id, pos, "done", result=result, max_bytes=budget)
+            times.append(time.perf_counter() - start)
+            if len(evicted) != int(evicting):
+                raise RuntimeError(f"stored target {pos} evicted {len(evicted)} jobs")
+        return statistics.median(times) * 1e6
+
+
+def status_costs(targets: int, calls: int) -> tuple[float, float]:
+    """Milliseconds per ``Runner.status`` of a done job of ``targets``
+    targets, and per raw read of the same rows with every result decoded."""
+    with scratch() as path, open_runner(path, echo) as (runner, _):
+        job_id = runner.submit(CALLER, [ref(i) for i in range(targets)])
+        runner.wait(CALLER, job_id, timeout=PATIENCE)
+        ours = timed_calls(calls, lambda: runner.status(CALLER, job_id))
+        with contextlib.closing(raw_sqlite(path)) as conn:
+            raw = timed_calls(calls, lambda: read_raw(conn, job_id))
+        return ours, raw
+
+
+def read_raw(conn: sqlite3.Connection, job_id: str) -> list[object]:
+    """The job's row and its targets' rows, each result decoded."""
+    conn.execute("SELECT status, created_at, updated_at FROM jobs WHERE id = ?", (job_id,))
+    rows = conn.execute(
+        "SELECT pos, ref, status, result, error, hint FROM targets WHERE job_id = ? ORDER BY pos",
+        (job_id,),
+    )
+    return [None if row[3] is None else json.loads(row[3]) for row in rows]
+
+
+def timed_calls(calls: int, call: Callable[[], object]) -> float:
+    """Median milliseconds of one of ``calls`` calls of ``call``."""
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def run(opts: Options) -> list[Row]:
+    sizes = QUICK if opts.quick else FULL
+    with scratch("big.sqlite3") as big, scratch("small.sqlite3") as small:
+        build(big, sizes.big)
+        build(small, sizes.small)
+        costs = alternate(
+            opts.rounds,
+            {
+                "evict big": lambda: store_cost(big, sizes.stores, evicting=True),
+                "evict small": lambda: store_cost(small, sizes.stores, evicting=True),
+                "flat big": lambda: store_cost(big, sizes.stores, evicting=False),
+                "flat small": lambda: store_cost(small, sizes.stores, evicting=False),
+                "status": lambda: status_costs(sizes.status_targets, sizes.status_calls),
+            },
+        )
+    jobs = f"{sizes.big:,} vs {sizes.small}"
+
+    def per_size(what: str, key: str, goal: Goal) -> Figure:
+        return Figure(
+            "4",
+            what,
+            "us",
+            Series(f"{key}, {sizes.big:,} terminal jobs", costs[f"{key} big"]),
+            Series(f"{key}, {sizes.small} terminal jobs", costs[f"{key} small"]),
+            goal,
+        )
+
+    return [
+        per_size(f"store_target+evict {jobs}", "evict", Goal("ratio", "<=", 1.5)),
+        per_size(f"store_target, {jobs} jobs", "flat", Goal("ratio", "<=", 1.5)),
+        Figure(
+            "4",
+            f"Runner.status {sizes.status_targets:,} targets vs raw",
+            "ms",
+            Series("Runner.status", [ours for ours, _ in costs["status"]]),
+            Series("raw SELECT + json.loads", [raw for _, raw in costs["status"]]),
+        ),
+    ]
+
+
+SCENARIO = Scenario("4", "the store at size", run)
+
+if __name__ == "__main__":
+    from bench.run import main
+
+    raise SystemExit(main(suite=[SCENARIO]))

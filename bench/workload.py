@@ -1,0 +1,172 @@
+"""The pieces scenarios build their workloads from: the no-op fetch, a scratch
+file, a runner with a hook that counts, raw SQLite set up like the store, and
+the timed drain of a batch of jobs."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import sqlite3
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import batch
+import store
+from store.db import Synchronous
+
+__all__ = [
+    "CALLER",
+    "PATIENCE",
+    "WORKERS",
+    "Tally",
+    "drain_rate",
+    "echo",
+    "open_runner",
+    "raw_sqlite",
+    "refs",
+    "result_json",
+    "scratch",
+]
+
+#: The workers of every runner and every thread pool measured: the brief of
+#: the runner's design, and twice the cores of the machine the anchors were
+#: measured on.
+WORKERS = 4
+
+#: Whoever submits the benchmark's jobs.
+CALLER = batch.Caller("bench")
+
+#: The longest any wait for a workload may take before the run gives up.
+PATIENCE = 120.0
+
+
+def echo(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> dict[str, str]:
+    """The no-op fetch: a small dict, stored as about 20 bytes of JSON."""
+    return {"ref": target.ref}
+
+
+def result_json(ref: str) -> str:
+    """The JSON the runner stores for :func:`echo` of ``ref``, byte for byte, so
+    that a baseline writes rows of the same size."""
+    return json.dumps({"ref": ref}, separators=(",", ":"), ensure_ascii=False)
+
+
+def refs(job: int, n: int, prefix: str = "job") -> list[str]:
+    """The refs of the ``job``-th job of a workload: ``n`` distinct strings."""
+    return [f"{prefix}{job}-{i}" for i in range(n)]
+
+
+@contextlib.contextmanager
+def scratch(name: str = "bench.sqlite3") -> Iterator[Path]:
+    """A path for a new file in a temporary directory, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as d:
+        yield Path(d) / name
+
+
+def raw_sqlite(path: Path) -> sqlite3.Connection:
+    """A connection set up as the store sets up its own: WAL, synchronous=NORMAL,
+    no implicit transactions, shareable between threads (under a lock)."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
+
+
+class Tally(batch.Hooks):
+    """Hooks that count stored targets and follow the live-job and in-flight
+    counts, so the benchmark can wait for a workload to reach a point without
+    polling.
+
+    One thread waits at a time. The hooks run under the runner's lock and
+    notify only once the awaited point is reached, so a waiting benchmark
+    does not wake on every target and take turns away from the workers.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._until: Callable[[], bool] | None = None
+        self.stored = 0
+        self.live_now = 0
+        self.inflight_now = 0
+
+    def depth(self, live: int) -> None:
+        with self._cond:
+            self.live_now = live
+            self._check()
+
+    def target(self, err: BaseException | None, seconds: float, nbytes: int) -> None:
+        with self._cond:
+            self.stored += 1
+            self._check()
+
+    def inflight(self, n: int) -> None:
+        with self._cond:
+            self.inflight_now = n
+            self._check()
+
+    def _check(self) -> None:
+        if self._until is not None and self._until():
+            self._cond.notify_all()
+
+    def wait_until(self, reached: Callable[[], bool], timeout: float = PATIENCE) -> bool:
+        """Block until ``reached()`` (read under the tally's lock) is true, or
+        ``timeout`` seconds pass; whether it was reached."""
+        with self._cond:
+            self._until = reached
+            try:
+                return self._cond.wait_for(reached, timeout)
+            finally:
+                self._until = None
+
+    def wait_stored(self, n: int, timeout: float = PATIENCE) -> bool:
+        """Block until ``n`` targets in all have been stored."""
+        return self.wait_until(lambda: self.stored >= n, timeout)
+
+    def wait_inflight(self, n: int, timeout: float = PATIENCE) -> bool:
+        """Block until exactly ``n`` targets are in flight."""
+        return self.wait_until(lambda: self.inflight_now == n, timeout)
+
+    def wait_ended(self, timeout: float = PATIENCE) -> bool:
+        """Block until no job is live: every one has left the rotation."""
+        return self.wait_until(lambda: self.live_now == 0, timeout)
+
+
+@contextlib.contextmanager
+def open_runner(
+    path: Path,
+    fetch: batch.Fetch[batch.Caller],
+    synchronous: Synchronous = "NORMAL",
+    **config: object,
+) -> Iterator[tuple[batch.Runner[batch.Caller], Tally]]:
+    """A store at ``path`` and a runner on it with :data:`WORKERS` workers (or
+    ``config``'s), counted by a :class:`Tally`; both closed afterwards."""
+    tally = Tally()
+    settings = dataclasses.replace(batch.Config(workers=WORKERS), **config)
+    with (
+        store.open(path, synchronous=synchronous) as db,
+        batch.Runner(db, fetch, settings, hooks=tally) as runner,
+    ):
+        yield runner, tally
+
+
+def drain_rate(
+    runner: batch.Runner[batch.Caller],
+    tally: Tally,
+    jobs: Sequence[list[str]],
+    budget: float = PATIENCE,
+) -> float:
+    """Targets stored per second: from the first submit of ``jobs`` until the
+    last of their targets is stored, or until ``budget`` seconds have passed
+    (then over the targets stored by then). Submitting is part of the work."""
+    want = tally.stored + sum(len(job) for job in jobs)
+    before = tally.stored
+    start = time.perf_counter()
+    for job in jobs:
+        runner.submit(CALLER, job)
+    tally.wait_stored(want, budget)
+    elapsed = time.perf_counter() - start
+    return (tally.stored - before) / elapsed
