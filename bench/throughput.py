@@ -4,8 +4,9 @@
 - raw SQLite: the same rows updated one per transaction (WAL,
   synchronous=NORMAL, 4 threads sharing one connection under a lock). No
   fetch, no scheduling: the ceiling the store's settings allow.
-- the naive baseline: ``ThreadPoolExecutor(4)`` whose tasks each run the fetch
-  and commit its JSON result the same way. What one writes without a runner.
+- the naive baseline: ``ThreadPoolExecutor(4)``, one task per target, each
+  building the no-op fetch's small dict, encoding it and committing it the
+  same way. What one writes without a runner.
 - huey (only where it is installed; it is no dependency): ``SqliteHuey`` on
   synchronous=NORMAL like ours, 4 worker threads, otherwise its defaults, one
   task per target. Measured on fewer targets: its rate does not depend on
@@ -33,6 +34,7 @@ from typing import Any
 
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Skipped, alternate
 from bench.workload import (
+    PATIENCE,
     WORKERS,
     drain_rate,
     echo,
@@ -44,7 +46,10 @@ from bench.workload import (
 )
 from store.db import Synchronous
 
-__all__ = ["SCENARIO", "Sizes", "runner_rate"]
+__all__ = ["SCENARIO", "runner_rate"]
+
+#: One row of the baselines' table: job id, position, ref.
+TargetRow = tuple[str, int, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +59,6 @@ class Sizes:
     jobs: int
     per_job: int
     huey_tasks: int
-
-    @property
-    def targets(self) -> int:
-        return self.jobs * self.per_job
 
 
 FULL = Sizes(jobs=10, per_job=2_000, huey_tasks=5_000)
@@ -78,11 +79,8 @@ def runner_rate(jobs: int, per_job: int, synchronous: Synchronous = "NORMAL") ->
 # -- raw SQLite and the naive baseline ---------------------------------------------
 
 
-Rows = list[tuple[str, int, str]]
-
-
 @contextlib.contextmanager
-def targets_table(sizes: Sizes) -> Iterator[tuple[sqlite3.Connection, Rows]]:
+def targets_table(sizes: Sizes) -> Iterator[tuple[sqlite3.Connection, list[TargetRow]]]:
     """A new file with a table shaped like the store's ``targets`` (job ids of
     the runner's length, the same refs, every row pending), and its rows."""
     rows = [
@@ -106,8 +104,15 @@ def targets_table(sizes: Sizes) -> Iterator[tuple[sqlite3.Connection, Rows]]:
             conn.close()
 
 
+def check_done(conn: sqlite3.Connection, rows: list[TargetRow]) -> None:
+    """Make sure the baseline did all its work: every row is stored."""
+    (done,) = conn.execute("SELECT count(*) FROM targets WHERE status = 'done'").fetchone()
+    if done != len(rows):
+        raise RuntimeError(f"the baseline stored {done} of {len(rows)} rows")
+
+
 def commit_result(
-    conn: sqlite3.Connection, lock: threading.Lock, row: tuple[str, int, str], result: str
+    conn: sqlite3.Connection, lock: threading.Lock, row: TargetRow, result: str
 ) -> None:
     """Store one target's result as its own transaction, as the runner does."""
     job_id, pos, _ = row
@@ -137,23 +142,27 @@ def raw_sqlite_rate(sizes: Sizes) -> float:
             t.start()
         for t in threads:
             t.join()
-        return len(rows) / (time.perf_counter() - start)
+        rate = len(rows) / (time.perf_counter() - start)
+        check_done(conn, rows)
+        return rate
 
 
 def executor_rate(sizes: Sizes) -> float:
     """Targets per second of the naive baseline: one task per target, each
-    building the fetch's small dict, encoding it and committing it."""
+    encoding the no-op fetch's small dict and committing it."""
     with targets_table(sizes) as (conn, rows):
         lock = threading.Lock()
 
-        def task(row: tuple[str, int, str]) -> None:
+        def task(row: TargetRow) -> None:
             commit_result(conn, lock, row, result_json(row[2]))
 
         start = time.perf_counter()
         with ThreadPoolExecutor(WORKERS) as pool:
             for row in rows:
                 pool.submit(task, row)
-        return len(rows) / (time.perf_counter() - start)
+        rate = len(rows) / (time.perf_counter() - start)
+        check_done(conn, rows)
+        return rate
 
 
 # -- huey ---------------------------------------------------------------------------
@@ -199,7 +208,8 @@ def huey_rate(n: int) -> float:
                 start = time.perf_counter()
                 for i in range(n):
                     fetch(f"job0-{i}")
-                done.wait()
+                if not done.wait(PATIENCE):
+                    raise TimeoutError(f"huey ran fewer than {n} tasks in {PATIENCE:g} s")
                 return n / (time.perf_counter() - start)
             finally:
                 consumer.stop(graceful=True)

@@ -32,9 +32,8 @@ __all__ = [
     "scratch",
 ]
 
-#: The workers of every runner and every thread pool measured: the brief of
-#: the runner's design, and twice the cores of the machine the anchors were
-#: measured on.
+#: The workers of every runner and every thread pool measured: the runner's
+#: default, and twice the cores of the machine the figures are taken on.
 WORKERS = 4
 
 #: Whoever submits the benchmark's jobs.
@@ -55,9 +54,9 @@ def result_json(ref: str) -> str:
     return json.dumps({"ref": ref}, separators=(",", ":"), ensure_ascii=False)
 
 
-def refs(job: int, n: int, prefix: str = "job") -> list[str]:
+def refs(job: int, n: int) -> list[str]:
     """The refs of the ``job``-th job of a workload: ``n`` distinct strings."""
-    return [f"{prefix}{job}-{i}" for i in range(n)]
+    return [f"job{job}-{i}" for i in range(n)]
 
 
 @contextlib.contextmanager
@@ -112,27 +111,28 @@ class Tally(batch.Hooks):
         if self._until is not None and self._until():
             self._cond.notify_all()
 
-    def wait_until(self, reached: Callable[[], bool], timeout: float = PATIENCE) -> bool:
-        """Block until ``reached()`` (read under the tally's lock) is true, or
-        ``timeout`` seconds pass; whether it was reached."""
+    def wait_until(self, reached: Callable[[], bool], timeout: float = PATIENCE) -> None:
+        """Block until ``reached()`` (read under the tally's lock) is true;
+        ``TimeoutError`` if ``timeout`` seconds pass first."""
         with self._cond:
             self._until = reached
             try:
-                return self._cond.wait_for(reached, timeout)
+                if not self._cond.wait_for(reached, timeout):
+                    raise TimeoutError(f"the workload did not get there in {timeout:g} s")
             finally:
                 self._until = None
 
-    def wait_stored(self, n: int, timeout: float = PATIENCE) -> bool:
+    def wait_stored(self, n: int, timeout: float = PATIENCE) -> None:
         """Block until ``n`` targets in all have been stored."""
-        return self.wait_until(lambda: self.stored >= n, timeout)
+        self.wait_until(lambda: self.stored >= n, timeout)
 
-    def wait_inflight(self, n: int, timeout: float = PATIENCE) -> bool:
+    def wait_inflight(self, n: int) -> None:
         """Block until exactly ``n`` targets are in flight."""
-        return self.wait_until(lambda: self.inflight_now == n, timeout)
+        self.wait_until(lambda: self.inflight_now == n)
 
-    def wait_ended(self, timeout: float = PATIENCE) -> bool:
+    def wait_ended(self) -> None:
         """Block until no job is live: every one has left the rotation."""
-        return self.wait_until(lambda: self.live_now == 0, timeout)
+        self.wait_until(lambda: self.live_now == 0)
 
 
 @contextlib.contextmanager
@@ -167,6 +167,7 @@ def drain_rate(
     start = time.perf_counter()
     for job in jobs:
         runner.submit(CALLER, job)
-    tally.wait_stored(want, budget)
+    with contextlib.suppress(TimeoutError):  # too slow: measured over the budget
+        tally.wait_stored(want, budget)
     elapsed = time.perf_counter() - start
     return (tally.stored - before) / elapsed
