@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 __all__ = [
+    "REPO",
     "Figure",
     "Goal",
     "Options",
@@ -31,6 +32,7 @@ __all__ = [
     "Skipped",
     "Unit",
     "alternate",
+    "git_state",
     "percentile",
     "print_table",
     "record",
@@ -41,6 +43,7 @@ T = TypeVar("T")
 #: Units a figure is given in: a rate, durations, a size, a plain count.
 Unit = Literal["/s", "ms", "us", "B", "n"]
 
+#: The checkout the suite runs from.
 REPO = Path(__file__).resolve().parent.parent
 
 _OPS: Mapping[str, Callable[[float, float], bool]] = {
@@ -259,9 +262,12 @@ def _line(cells: Sequence[str]) -> str:
 # -- the record ----------------------------------------------------------------
 
 
-def record(rows: Sequence[Row], opts: Options, seconds: float) -> dict[str, Any]:
-    """The JSON record of a run: the machine, the code, the options, every row."""
-    commit, dirty = git_state()
+def record(
+    rows: Sequence[Row], opts: Options, seconds: float, code: tuple[str, bool]
+) -> dict[str, Any]:
+    """The JSON record of a run: the machine, the code measured (``code``, from
+    :func:`git_state` when the run began), the options, every row."""
+    commit, dirty = code
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": commit,

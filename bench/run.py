@@ -25,12 +25,13 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # python bench/run.py: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import latency, live, memory, runs, size, throughput
-from bench.measure import REPO, Options, Row, Scenario, print_table, record
+from bench.measure import REPO, Options, Row, Scenario, git_state, print_table, record
 
 __all__ = ["SUITE", "main"]
 
@@ -49,33 +50,42 @@ def main(argv: Sequence[str] | None = None, suite: Sequence[Scenario] = SUITE) -
     args = _parser(suite).parse_args(argv)
     opts = Options(rounds=args.rounds, quick=args.quick)
     chosen = [s for s in suite if s.key in args.only]
+    code = git_state()  # what is measured: the code as it was imported
     start = time.perf_counter()
-    rows: list[Row] = []
-    for scenario in chosen:
-        began = time.perf_counter()
-        _progress(f"scenario {scenario.key}, {scenario.name}: running")
-        rows += scenario.run(opts)
-        _progress(f"scenario {scenario.key}, {scenario.name}: {time.perf_counter() - began:.0f} s")
-    seconds = time.perf_counter() - start
-    rec = record(rows, opts, seconds)
-    host = rec["machine"]
-    print(
-        f"commit {rec['commit']}{' (library modified)' if rec['dirty'] else ''},"
-        f" Python {host['python']}, SQLite {host['sqlite']}, {host['cpus']} CPUs,"
-        f" {opts.rounds} rounds{', quick sizes' if opts.quick else ''}, {seconds:.0f} s"
-    )
+    rows = [row for scenario in chosen for row in _run(scenario, opts)]
+    rec = record(rows, opts, time.perf_counter() - start, code)
+    print(_headline(rec))
     print_table(rows)
-    path = args.json or _default_json(rec["commit"], rec["dirty"], opts, chosen)
+    path = args.json or _default_json(rec, chosen)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rec, indent=2) + "\n")
     print(f"JSON record: {path}")
     return 0
 
 
+def _run(scenario: Scenario, opts: Options) -> list[Row]:
+    """One scenario's rows, saying on stderr how long it took."""
+    _progress(f"scenario {scenario.key}, {scenario.name}: running")
+    start = time.perf_counter()
+    rows = scenario.run(opts)
+    _progress(f"scenario {scenario.key}, {scenario.name}: {time.perf_counter() - start:.0f} s")
+    return rows
+
+
+def _headline(rec: dict[str, Any]) -> str:
+    """The line above the table: what was measured, where, how."""
+    host = rec["machine"]
+    return (
+        f"commit {rec['commit']}{' (library modified)' if rec['dirty'] else ''},"
+        f" Python {host['python']}, SQLite {host['sqlite']}, {host['cpus']} CPUs,"
+        f" {rec['rounds']} rounds{', quick sizes' if rec['quick'] else ''}, {rec['seconds']:.0f} s"
+    )
+
+
 def _parser(suite: Sequence[Scenario]) -> argparse.ArgumentParser:
     keys = [s.key for s in suite]
     parser = argparse.ArgumentParser(
-        prog="python -m bench",
+        prog="python -m bench" if list(suite) == list(SUITE) else None,
         description="Benchmarks of the batch runner and its store, each against its baselines.",
         epilog="scenarios: " + ", ".join(f"{s.key} {s.name}" for s in suite),
     )
@@ -119,8 +129,8 @@ def _keys(text: str, known: Sequence[str]) -> list[str]:
     return keys
 
 
-def _default_json(commit: str, dirty: bool, opts: Options, chosen: Sequence[Scenario]) -> Path:
-    name = commit + ("-dirty" if dirty else "") + ("-quick" if opts.quick else "")
+def _default_json(rec: dict[str, Any], chosen: Sequence[Scenario]) -> Path:
+    name = rec["commit"] + ("-dirty" if rec["dirty"] else "") + ("-quick" if rec["quick"] else "")
     if [s.key for s in chosen] != [s.key for s in SUITE]:
         name += "-only-" + "-".join(s.key for s in chosen)
     return REPO / "bench" / "results" / f"{name}.json"

@@ -24,17 +24,16 @@ the only wake is the one measured.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import sqlite3
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import store
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Unit, alternate
-from bench.workload import scratch
+from bench.workload import copy_of, scratch
 from store.db import Synchronous
 
 __all__ = ["SCENARIO"]
@@ -133,18 +132,6 @@ def free(path: Path, n: int) -> None:
         conn.execute("COMMIT")
 
 
-@contextlib.contextmanager
-def fresh_copy(base: Path, *, drop_index: bool = False) -> Iterator[tuple[Path, store.Store]]:
-    """A copy of ``base`` (without the QUEUED index if asked), opened."""
-    with scratch() as path:
-        shutil.copy(base, path)
-        if drop_index:
-            with contextlib.closing(sqlite3.connect(path)) as conn:
-                conn.execute("DROP INDEX runs_queued")
-        with open_store(path) as db:
-            yield path, db
-
-
 def wake_after(path: Path, db: store.Store, freed: int) -> float:
     """Milliseconds of one wake after ``freed`` nodes free; it must promote as many."""
     free(path, freed)
@@ -160,21 +147,35 @@ def median_of(calls: int, measure: Callable[[], float]) -> float:
     return statistics.median(measure() for _ in range(calls))
 
 
-def queue_costs(base: Path, sizes: Sizes, *, drop_index: bool = False) -> dict[str, float]:
-    """The wakes (a), (b), (c) in milliseconds, and (d) in runs per second,
-    on a fresh copy of ``base``; without the index only (a) and (b)."""
-    with fresh_copy(base, drop_index=drop_index) as (path, db):
-        costs = {
-            "idle": median_of(sizes.wakes, lambda: wake_after(path, db, 0)),
-            "one": median_of(sizes.wakes, lambda: wake_after(path, db, 1)),
-        }
-        if drop_index:
-            return costs
+def wakes(path: Path, db: store.Store, sizes: Sizes) -> dict[str, float]:
+    """(a) and (b): milliseconds of a wake with nothing free, and of one after
+    a node frees, on the store ``db`` opened at ``path``."""
+    return {
+        "idle": median_of(sizes.wakes, lambda: wake_after(path, db, 0)),
+        "one": median_of(sizes.wakes, lambda: wake_after(path, db, 1)),
+    }
+
+
+def queue_costs(base: Path, sizes: Sizes) -> dict[str, float]:
+    """(a) to (c) in milliseconds, and (d) in runs per second, on a fresh copy
+    of ``base``."""
+    with copy_of(base) as path, open_store(path) as db:
+        costs = wakes(path, db, sizes)
         costs["many"] = median_of(sizes.many_wakes, lambda: wake_after(path, db, sizes.freed))
         start = time.perf_counter()
         submit(db, sizes.submits, "QUEUED")
         costs["submit"] = sizes.submits / (time.perf_counter() - start)
         return costs
+
+
+def unindexed_costs(base: Path, sizes: Sizes) -> dict[str, float]:
+    """(f): (a) and (b) on a fresh copy of ``base`` without the index on
+    QUEUED runs."""
+    with copy_of(base) as path:
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("DROP INDEX runs_queued")
+        with open_store(path) as db:
+            return wakes(path, db, sizes)
 
 
 def placed_rate(runs: int, synchronous: Synchronous = "NORMAL") -> dict[str, float]:
@@ -197,7 +198,7 @@ def run(opts: Options) -> list[Row]:
             {
                 "long": lambda: queue_costs(long, sizes),
                 "short": lambda: queue_costs(short, sizes),
-                "no index": lambda: queue_costs(long, sizes, drop_index=True),
+                "no index": lambda: unindexed_costs(long, sizes),
                 "placed": lambda: placed_rate(sizes.submits),
             },
         )

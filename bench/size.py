@@ -23,18 +23,26 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import sqlite3
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import store
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, alternate
-from bench.workload import CALLER, PATIENCE, echo, open_runner, raw_sqlite, result_json, scratch
+from bench.workload import (
+    CALLER,
+    PATIENCE,
+    copy_of,
+    echo,
+    open_runner,
+    raw_sqlite,
+    result_json,
+    scratch,
+)
 
 __all__ = ["SCENARIO"]
 
@@ -82,31 +90,22 @@ def build(path: Path, jobs: int) -> None:
         conn.execute("COMMIT")
 
 
-@contextlib.contextmanager
-def fresh_copy(base: Path) -> Iterator[store.Store]:
-    """A copy of ``base``, opened: every measure starts from the same file."""
-    with scratch() as path:
-        shutil.copy(base, path)
-        with store.open(path) as db:
-            yield db
-
-
 def store_cost(base: Path, stores: int, evicting: bool) -> float:
     """Microseconds per ``store_target`` into a live job of a copy of
     ``base``: each evicting exactly one job, or (``evicting=False``) none."""
-    with fresh_copy(base) as db:
+    with copy_of(base) as path, store.open(path) as db:
         budget = db.total_bytes() if evicting else UNLIMITED
         job_id = uuid.uuid4().hex
         db.create_job(job_id, CALLER.id, [ref(i) for i in range(stores)])
-        times = []
-        for pos in range(stores):
-            result = result_json(ref(pos))
-            start = time.perf_counter()
+        outcomes = iter([(pos, result_json(ref(pos))) for pos in range(stores)])
+
+        def store_next() -> None:
+            pos, result = next(outcomes)
             evicted = db.store_target(job_id, pos, "done", result=result, max_bytes=budget)
-            times.append(time.perf_counter() - start)
             if len(evicted) != int(evicting):
                 raise RuntimeError(f"stored target {pos} evicted {len(evicted)} jobs")
-        return statistics.median(times) * 1e6
+
+        return timed_calls(stores, store_next) * 1e6
 
 
 def status_costs(targets: int, calls: int) -> tuple[float, float]:
@@ -118,12 +117,14 @@ def status_costs(targets: int, calls: int) -> tuple[float, float]:
         ours = timed_calls(calls, lambda: runner.status(CALLER, job_id))
         with contextlib.closing(raw_sqlite(path)) as conn:
             raw = timed_calls(calls, lambda: read_raw(conn, job_id))
-        return ours, raw
+        return ours * 1e3, raw * 1e3
 
 
 def read_raw(conn: sqlite3.Connection, job_id: str) -> list[object]:
     """The job's row and its targets' rows, each result decoded."""
-    conn.execute("SELECT status, created_at, updated_at FROM jobs WHERE id = ?", (job_id,))
+    conn.execute(
+        "SELECT status, created_at, updated_at FROM jobs WHERE id = ?", (job_id,)
+    ).fetchone()
     rows = conn.execute(
         "SELECT pos, ref, status, result, error, hint FROM targets WHERE job_id = ? ORDER BY pos",
         (job_id,),
@@ -132,13 +133,13 @@ def read_raw(conn: sqlite3.Connection, job_id: str) -> list[object]:
 
 
 def timed_calls(calls: int, call: Callable[[], object]) -> float:
-    """Median milliseconds of one of ``calls`` calls of ``call``."""
+    """Median seconds of one of ``calls`` calls of ``call``."""
     times = []
     for _ in range(calls):
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return statistics.median(times)
 
 
 def run(opts: Options) -> list[Row]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shutil
 import sqlite3
 import tempfile
 import threading
@@ -23,6 +24,7 @@ __all__ = [
     "PATIENCE",
     "WORKERS",
     "Tally",
+    "copy_of",
     "drain_rate",
     "echo",
     "open_runner",
@@ -64,6 +66,15 @@ def scratch(name: str = "bench.sqlite3") -> Iterator[Path]:
     """A path for a new file in a temporary directory, removed afterwards."""
     with tempfile.TemporaryDirectory(prefix="bench-") as d:
         yield Path(d) / name
+
+
+@contextlib.contextmanager
+def copy_of(base: Path) -> Iterator[Path]:
+    """A scratch copy of the store file ``base``: every measure on a file
+    built once starts from the same state."""
+    with scratch(base.name) as path:
+        shutil.copy(base, path)
+        yield path
 
 
 def raw_sqlite(path: Path) -> sqlite3.Connection:
