@@ -41,6 +41,9 @@ LOAD_SLICE = 0.01
 #: Targets per load job: enough to outlast the measurement (checked).
 LOAD_TARGETS = 1_000
 
+#: Status reads after which a cancelled job that does not say so is a failure.
+MAX_READS = 10_000
+
 
 @dataclass(frozen=True, slots=True)
 class Sizes:
@@ -213,15 +216,21 @@ def cancels(samples: int) -> tuple[list[float], list[float]]:
             job_id = runner.submit(CALLER, [f"c{i}-0", f"c{i}-1"])
             held.wait()
             start = time.perf_counter()
-            runner.cancel(CALLER, job_id)
-            n = 1
-            while runner.status(CALLER, job_id).status != "cancelled":
-                n += 1
+            if not runner.cancel(CALLER, job_id):
+                raise RuntimeError("a live job could not be cancelled")
+            reads.append(reads_until_cancelled(runner, job_id))
             times.append(ms(time.perf_counter() - start))
-            reads.append(n)
             release.set()
             tally.wait_ended()
     return times, reads
+
+
+def reads_until_cancelled(runner: batch.Runner[batch.Caller], job_id: str) -> int:
+    """Read the job's status until it says ``cancelled``; how many reads."""
+    for n in range(1, MAX_READS + 1):
+        if runner.status(CALLER, job_id).status == "cancelled":
+            return n
+    raise RuntimeError(f"job still not cancelled after {MAX_READS} reads")
 
 
 # -- the scenario -----------------------------------------------------------------------
