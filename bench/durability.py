@@ -23,6 +23,8 @@ __all__ = ["SCENARIO"]
 
 @dataclass(frozen=True, slots=True)
 class Sizes:
+    """The runner's workload, and the runs submitted."""
+
     jobs: int
     per_job: int
     runs: int
@@ -33,6 +35,7 @@ QUICK = Sizes(jobs=10, per_job=100, runs=50)
 
 
 def run(opts: Options) -> list[Row]:
+    """Runner throughput and submit_run rate on FULL, each against NORMAL."""
     sizes = QUICK if opts.quick else FULL
     results = alternate(
         opts.rounds,

@@ -59,6 +59,7 @@ QUICK = Sizes(handoffs=20, retries=10, cancels=20)
 
 
 def ms(seconds: float) -> float:
+    """Seconds in milliseconds, the unit of every latency here."""
     return seconds * 1e3
 
 
@@ -237,6 +238,7 @@ def reads_until_cancelled(runner: batch.Runner[batch.Caller], job_id: str) -> in
 
 
 def run(opts: Options) -> list[Row]:
+    """The latencies (a), (b) idle and loaded, (c), each pooled over the rounds."""
     sizes = QUICK if opts.quick else FULL
     results = alternate(
         opts.rounds,

@@ -99,6 +99,7 @@ def mixed_rate(sizes: Sizes, retry_wait: float) -> tuple[float, float]:
 
 
 def run(opts: Options) -> list[Row]:
+    """Each shape's rate against the reference's, and the busy jobs' tries."""
     sizes = QUICK if opts.quick else FULL
     results = alternate(
         opts.rounds,

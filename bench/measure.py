@@ -89,6 +89,7 @@ class Series:
 
     @property
     def median(self) -> float:
+        """The median of the samples."""
         return statistics.median(self.samples)
 
     def summary(self) -> dict[str, Any]:
@@ -186,6 +187,7 @@ class Skipped:
     why: str
 
     def summary(self) -> dict[str, Any]:
+        """The skipped figure for the JSON record."""
         return {"scenario": self.scenario, "what": self.what, "skipped": self.why}
 
 
@@ -252,6 +254,7 @@ def print_table(rows: Sequence[Row], out: Any = sys.stdout) -> None:
 
 
 def _line(cells: Sequence[str]) -> str:
+    """The cells padded to their columns; what overflows ends in ``~``."""
     parts = []
     for i, (cell, width) in enumerate(zip(cells, _WIDTHS, strict=False)):
         text = cell if len(cell) <= width else cell[: width - 1] + "~"
@@ -297,6 +300,7 @@ def git_state() -> tuple[str, bool]:
 
 
 def _git(*args: str) -> str:
+    """What git says, run in the checkout."""
     return subprocess.run(
         ["git", *args], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()

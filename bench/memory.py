@@ -59,6 +59,7 @@ class Shape:
 
     @property
     def targets(self) -> int:
+        """Targets held live in all."""
         return self.jobs * self.per_job
 
 
@@ -157,6 +158,7 @@ def pool_held(tasks: int) -> Held:
 
 
 def run(opts: Options) -> list[Row]:
+    """Bytes per live target and per live job, and retained, against the pool's."""
     sizes = QUICK if opts.quick else FULL
     targets, jobs = sizes.many_targets, sizes.many_jobs
     held = alternate(

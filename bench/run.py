@@ -83,6 +83,7 @@ def _headline(rec: dict[str, Any]) -> str:
 
 
 def _parser(suite: Sequence[Scenario]) -> argparse.ArgumentParser:
+    """The command line, for the whole suite or one scenario."""
     keys = [s.key for s in suite]
     parser = argparse.ArgumentParser(
         prog="python -m bench" if list(suite) == list(SUITE) else None,
@@ -113,6 +114,7 @@ def _parser(suite: Sequence[Scenario]) -> argparse.ArgumentParser:
 
 
 def _positive(text: str) -> int:
+    """A number of rounds: at least one."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
@@ -120,6 +122,7 @@ def _positive(text: str) -> int:
 
 
 def _keys(text: str, known: Sequence[str]) -> list[str]:
+    """The scenario keys of ``--only``: comma-separated, each one of ``known``."""
     keys = [k.strip() for k in text.split(",") if k.strip()]
     unknown = [k for k in keys if k not in known]
     if unknown or not keys:
@@ -130,6 +133,7 @@ def _keys(text: str, known: Sequence[str]) -> list[str]:
 
 
 def _default_json(rec: dict[str, Any], chosen: Sequence[Scenario]) -> Path:
+    """Where the record goes unless ``--json`` says: named for what it holds."""
     name = rec["commit"] + ("-dirty" if rec["dirty"] else "") + ("-quick" if rec["quick"] else "")
     if [s.key for s in chosen] != [s.key for s in SUITE]:
         name += "-only-" + "-".join(s.key for s in chosen)
@@ -137,6 +141,7 @@ def _default_json(rec: dict[str, Any], chosen: Sequence[Scenario]) -> Path:
 
 
 def _progress(text: str) -> None:
+    """Say how the run goes, on stderr, apart from the table."""
     print(text, file=sys.stderr, flush=True)
 
 

@@ -144,6 +144,7 @@ def wake_after(path: Path, db: store.Store, freed: int) -> float:
 
 
 def median_of(calls: int, measure: Callable[[], float]) -> float:
+    """The median of ``calls`` results of ``measure``."""
     return statistics.median(measure() for _ in range(calls))
 
 
@@ -189,6 +190,7 @@ def placed_rate(runs: int, synchronous: Synchronous = "NORMAL") -> dict[str, flo
 
 
 def run(opts: Options) -> list[Row]:
+    """The wakes and submits on the long queue against the short one, and (f)."""
     sizes = QUICK if opts.quick else FULL
     with scratch("short.sqlite3") as short, scratch("long.sqlite3") as long:
         build(short, sizes.short, sizes)

@@ -143,6 +143,7 @@ def timed_calls(calls: int, call: Callable[[], object]) -> float:
 
 
 def run(opts: Options) -> list[Row]:
+    """Store costs in the big file against the small one, and the status read."""
     sizes = QUICK if opts.quick else FULL
     with scratch("big.sqlite3") as big, scratch("small.sqlite3") as small:
         build(big, sizes.big)

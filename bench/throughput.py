@@ -169,6 +169,7 @@ def executor_rate(sizes: Sizes) -> float:
 
 
 def huey_installed() -> bool:
+    """Whether huey can be imported here: it is a baseline, never a dependency."""
     return importlib.util.find_spec("huey") is not None
 
 
@@ -231,6 +232,7 @@ def kept_signal_handlers() -> Iterator[None]:
 
 
 def run(opts: Options) -> list[Row]:
+    """The runner's rate against each baseline's; huey's row says if it is skipped."""
     sizes = QUICK if opts.quick else FULL
     measures = {
         "runner": lambda: runner_rate(sizes.jobs, sizes.per_job),
