@@ -107,12 +107,14 @@ class Rotation(Generic[C]):
 
     def remove(self, job: LiveJob[C]) -> None:
         """Take a job out; the cursor stays where it is. The last one out
-        drops the entries left behind by cancelled jobs."""
+        drops the entries left behind by cancelled jobs, and the room the
+        rotation grew to."""
         del self._by_id[job.id]
         if not self._by_id:
-            self._ahead.clear()
-            self._behind.clear()
-            self._retry.clear()
+            # New containers, not cleared ones: a dict or list keeps the room
+            # it grew to, and a runner that once held many jobs would keep it.
+            self._by_id = {}
+            self._ahead, self._behind, self._retry = [], [], []
 
     def offer(self, job: LiveJob[C]) -> None:
         """Queue a job that may start its next target, now or at its
