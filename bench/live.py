@@ -5,11 +5,13 @@ Each shape stores 20,000 no-op targets on 4 workers, and is set against
 scenario 1's shape (10 jobs of 2,000) measured again in the same rounds:
 
 - 10,000 jobs of 2 targets (their submits are part of the work);
-- the 10 jobs of 2,000 alongside 5,000 live jobs whose fetch keeps raising
-  ``RetryLater`` with ``retry_wait`` 0.05 s. Those jobs are retried as the
-  contract asks, so the tries they take count too: the table reports them;
-- the same with ``retry_wait`` 60 s, where the 5,000 jobs only wait: what
-  merely holding them costs.
+- the 10 jobs of 2,000 alongside 5,000 live jobs waiting on a busy retry
+  (``retry_wait`` 60 s: none comes back while the clock runs): what holding
+  them costs, which is what the 0.8x goal is about;
+- the same with ``retry_wait`` 0.05 s, shown without a goal: then the 5,000
+  jobs do not wait, they ask for 100,000 tries a second, and rule 1 gives
+  each of them its turn like any other job, so the 10 get 10 turns in
+  5,010. The table reports the tries they take.
 
 The busy jobs are submitted and have had their first tries (as many tries
 as there are busy jobs) before the clock starts; they are cancelled after
@@ -126,24 +128,24 @@ def run(opts: Options) -> list[Row]:
         ),
         Figure(
             "2",
-            f"{sizes.jobs} jobs + {busy}, retry {OFTEN:g} s",
+            f"{sizes.jobs} jobs + {busy} waiting, retry {SELDOM:g} s",
+            "/s",
+            Series(f"{busy} jobs, retry_wait {SELDOM:g} s", seldom),
+            reference,
+            Goal("ratio", ">=", 0.8),
+        ),
+        Figure(
+            "2",
+            f"{sizes.jobs} jobs + {busy} retrying, {OFTEN:g} s",
             "/s",
             Series(f"{busy} jobs, retry_wait {OFTEN:g} s", often),
             reference,
-            Goal("ratio", ">=", 0.8),
         ),
         Figure(
             "2",
             "  the busy jobs' tries",
             "/s",
             Series(f"tries of the {busy} jobs", tries),
-        ),
-        Figure(
-            "2",
-            f"{sizes.jobs} jobs + {busy}, retry {SELDOM:g} s",
-            "/s",
-            Series(f"{busy} jobs, retry_wait {SELDOM:g} s", seldom),
-            reference,
         ),
     ]
 
