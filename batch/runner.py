@@ -84,16 +84,19 @@ class Runner(Generic[C]):
 
         # _lock guards everything below, the store writes that record it, and
         # the hook calls that report it (so hooks see changes in order). It is
-        # never held while a fetch runs. _cond is notified when a job leaves
-        # the rotation, on cancel and on close (what waiters wait for), and,
-        # while a worker waits for work (_idle > 0), on every change that can
-        # let it start a target: a submit, a target finished or held back. A
-        # worker in a fetch needs no notice: it looks again when it is done.
+        # never held while a fetch runs. _cond is notified on close; when a
+        # job someone waits for (_waited) leaves the rotation or is cancelled;
+        # and, while a worker waits for work (_idle > 0), on every change
+        # that can let it start a target: a submit, a target finished or held
+        # back. Nobody else needs a notice: a worker in a fetch looks again
+        # when it is done. (Notices are not free: each wakes every thread
+        # waiting on _cond, to take the lock in turn.)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._rotation: Rotation[C] = Rotation()
         self._inflight = 0
         self._idle = 0  # workers waiting on _cond in _pick
+        self._waited: dict[str, int] = {}  # job id -> threads in wait() for it
         # Fetches done and not yet recorded; a job is in it at most once (it
         # stays running until its outcome is recorded). _writing: a worker is
         # recording them (see _write).
@@ -172,7 +175,7 @@ class Runner(Generic[C]):
                     if self._closed:
                         continue  # retired at close: the next runner takes them
                     self._adopt(self._store.take_over_jobs(self._id, lapse))
-                    self._cond.notify_all()
+                    self._wake_workers()
             except store.StoreError:
                 log.exception("runner heartbeat failed; trying again")
 
@@ -195,7 +198,7 @@ class Runner(Generic[C]):
         with self._lock:
             self._rotation.add(LiveJob(job_id, owner, caller, job_targets, time.monotonic()))
             call_hook(self._hooks.depth, len(self._rotation))
-            self._cond.notify_all()
+            self._wake_workers()
         return job_id
 
     def _targets(self, targets: Iterable[str | Target]) -> list[Target]:
@@ -262,7 +265,8 @@ class Runner(Generic[C]):
             call_hook(self._hooks.job, "cancelled")
             if not job.running:
                 self._leave(job)
-            self._cond.notify_all()
+            else:
+                self._wake_waiters(job)
             return True
 
     def wait(self, caller: C, job_id: str, timeout: float | None = None) -> Job:
@@ -282,7 +286,14 @@ class Runner(Generic[C]):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"job {job_id!r} did not end within {timeout}s")
-                self._cond.wait(min(remaining, threading.TIMEOUT_MAX))
+                self._waited[job_id] = self._waited.get(job_id, 0) + 1
+                try:
+                    self._cond.wait(min(remaining, threading.TIMEOUT_MAX))
+                finally:
+                    if self._waited[job_id] == 1:
+                        del self._waited[job_id]
+                    else:
+                        self._waited[job_id] -= 1
         stored = self.status(caller, job_id)
         if not stored.terminal:
             raise BatchError(
@@ -415,11 +426,13 @@ class Runner(Generic[C]):
                     [(j, o) for j, outcome in finished if (o := self._ended(j, outcome, now))],
                     starting,
                 )
-                if self._idle or self._closed:
-                    # These jobs can start their next target now or at
-                    # retry_at: an idle worker must look again; once closed,
-                    # a waiter must learn that its job will not end.
+                if self._closed:
+                    # A waiter must learn that its job will not end.
                     self._cond.notify_all()
+                else:
+                    # These jobs can start their next target now or at
+                    # retry_at: an idle worker must look again.
+                    self._wake_workers()
         finally:
             self._writing = False
 
@@ -531,11 +544,21 @@ class Runner(Generic[C]):
             self._rotation.offer(job)
 
     def _leave(self, job: LiveJob[C]) -> None:
-        """Take a job out of the rotation, forgetting its caller, and tell the
+        """Take a job out of the rotation, forgetting its caller, and tell its
         waiters."""
         self._rotation.remove(job)
         call_hook(self._hooks.depth, len(self._rotation))
-        self._cond.notify_all()
+        self._wake_waiters(job)
+
+    def _wake_workers(self) -> None:
+        """Notify ``_cond`` if a worker waits for work. Lock held."""
+        if self._idle:
+            self._cond.notify_all()
+
+    def _wake_waiters(self, job: LiveJob[C]) -> None:
+        """Notify ``_cond`` if a thread waits for ``job``. Lock held."""
+        if job.id in self._waited:
+            self._cond.notify_all()
 
 
 def _job_id(job_id: object) -> str:
