@@ -19,6 +19,11 @@ log = logging.getLogger("batch")
 
 C = TypeVar("C")
 
+#: The JSON of a result: compact, finite numbers only. Made once (json.dumps
+#: with options builds an encoder per call).
+_COMPACT = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+_ESCAPED = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
 #: What is stored for a fetch that raised something unexpected: its text might
 #: carry secrets or internals, so it goes to the log and never to the store.
 INTERNAL_ERROR = "internal error"
@@ -74,14 +79,14 @@ def attempt(
         return _failure(exc, time.monotonic() - start, target)
     seconds = time.monotonic() - start
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        text = _COMPACT.encode(value)
         if not text.isascii():
             try:
                 text.encode()
             except UnicodeEncodeError:
                 # A lone surrogate: valid in a str, not in UTF-8. Escaped, it
                 # is stored and decoded back to the very same value.
-                text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+                text = _ESCAPED.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         return Outcome(
             "failed",
