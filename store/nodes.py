@@ -12,7 +12,15 @@ from .errors import NotFound
 from .match import labels
 from .shapes import Advert, NodeView
 
-__all__ = ["advertise", "adverts", "list_nodes", "require", "set_draining", "unavailable"]
+__all__ = [
+    "advertise",
+    "adverts",
+    "any_free",
+    "list_nodes",
+    "require",
+    "set_draining",
+    "unavailable",
+]
 
 
 def advertise(conn: sqlite3.Connection, advert: Advert, now: float) -> None:
@@ -74,6 +82,18 @@ def list_nodes(conn: sqlite3.Connection) -> list[NodeView]:
             " FROM nodes LEFT JOIN leases ON leases.node_id = nodes.id ORDER BY id"
         )
     ]
+
+
+def any_free(conn: sqlite3.Connection) -> bool:
+    """Whether some node could take a run now (neither busy nor draining):
+    one query, without reading what the nodes advertise."""
+    return (
+        conn.execute(
+            "SELECT 1 FROM nodes WHERE draining = 0"
+            " AND NOT EXISTS (SELECT 1 FROM leases WHERE leases.node_id = nodes.id) LIMIT 1"
+        ).fetchone()
+        is not None
+    )
 
 
 def unavailable(conn: sqlite3.Connection) -> set[str]:

@@ -30,7 +30,7 @@ def wake(conn: sqlite3.Connection, now: float, lease_ttl: float, max_leases: int
     may be issued, so nothing is promoted. The scan stops once no node is
     free: nothing further could be placed.
     """
-    if not lease_ttl:
+    if not lease_ttl or not nodes.any_free(conn):
         return []
     ads = nodes.adverts(conn)
     caps = {node_id: frozenset(a.caps) for node_id, a in ads.items()}

@@ -1112,3 +1112,21 @@ def test_list_nodes_shows_caps_draining_and_the_lease_held(db: store.Store, cloc
     assert (n1.node_id, n1.name, n1.caps, n1.draining) == ("n1", "box-1", {"linux"}, False)
     assert (n1.run_id, n1.not_after) == (run.run_id, clock.now + db.lease_ttl)
     assert (n2.node_id, n2.draining, n2.run_id, n2.not_after) == ("n2", True, None, None)
+
+
+def test_wake_with_no_free_node_reads_no_advert_or_queue(db: store.Store) -> None:
+    """With every node busy or draining, wake answers from one query: it
+    reads neither the adverts nor the queue (what keeps it cheap however
+    long the queue is)."""
+    advertise(db, "n1", "linux")
+    advertise(db, "n2", "linux")
+    db.submit_run([step("a", "linux")])
+    db.drain("n2")
+    db.submit_run([step("b", "linux")])
+    seen: list[str] = []
+    db._db._conn.set_trace_callback(seen.append)
+    try:
+        assert db.wake_queued("test") == []
+    finally:
+        db._db._conn.set_trace_callback(None)
+    assert not any("caps" in sql or "steps" in sql for sql in seen), seen
