@@ -256,11 +256,30 @@ def test_fetch_saves_inside_its_directory_whatever_the_url(
         assert (saves / result["file"]).read_bytes() == path.encode()
 
 
+#: ``python -m batch`` with Ctrl-C as on a terminal: a shell starts its
+#: background jobs with SIGINT ignored, and the command keeps an ignored
+#: SIGINT ignored (as it should), which would leave this test nothing to see.
+INTERRUPTIBLE = (
+    "import runpy, signal, sys;"
+    " signal.signal(signal.SIGINT, signal.default_int_handler);"
+    " sys.argv[0] = 'batch';"
+    " runpy.run_module('batch', run_name='__main__', alter_sys=True)"
+)
+
+
 def test_ctrl_c_cancels_and_stores_what_was_in_flight(tmp_path: Path, upstream: Upstream) -> None:
     urls = [upstream.url(p) for p in ("/hold", "/ok/after-1", "/ok/after-2")]
     db = tmp_path / "jobs.sqlite3"
     with subprocess.Popen(
-        command("fetch", url_file(tmp_path, *urls), "--db", db),
+        [
+            sys.executable,
+            "-c",
+            INTERRUPTIBLE,
+            "fetch",
+            str(url_file(tmp_path, *urls)),
+            "--db",
+            str(db),
+        ],
         cwd=REPO,
         env=environment(),
         stdout=subprocess.PIPE,
