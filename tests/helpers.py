@@ -1,10 +1,13 @@
-"""Test doubles: a clock the test moves, a recording Hooks and a scripted fetch."""
+"""Test doubles: a clock the test moves, a recording Hooks, a scripted fetch,
+and a server run for the length of a block."""
 
 from __future__ import annotations
 
+import contextlib
+import socketserver
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import batch
 
@@ -121,3 +124,21 @@ class Script:
             assert gate.wait(TIMEOUT), f"{ref} was never released"
         answer = self._answers.get(ref)
         return {"ref": ref} if answer is None else answer(ctx, n)
+
+
+S = TypeVar("S", bound=socketserver.BaseServer)
+
+
+@contextlib.contextmanager
+def serving(server: S) -> Iterator[S]:
+    """Serve on a thread of its own for the block, then shut the server down
+    and close it (joining its handler threads, if it keeps them)."""
+    # A short poll: shutdown() waits for it, at every teardown.
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,))
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(TIMEOUT)

@@ -20,6 +20,7 @@ import pytest
 
 import batch
 import store
+from tests.helpers import serving
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -87,17 +88,11 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def upstream() -> Iterator[Upstream]:
-    server = Upstream()
-    # A short poll: shutdown() waits for it, at every teardown.
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,))
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(WAIT)
+    with serving(Upstream()) as server:
+        try:
+            yield server
+        finally:
+            server.release.set()
 
 
 def environment() -> dict[str, str]:
