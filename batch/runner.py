@@ -82,9 +82,9 @@ class Runner(Generic[C]):
             raise TypeError(f"hooks must be a batch.Hooks, not {type(hooks).__name__}")
         self._ctx = Context()
 
-        # _lock guards everything below, the store writes that record it, and
-        # the hook calls that report it (so hooks see changes in order). It is
-        # never held while a fetch runs. _cond is notified on close; when a
+        # _lock guards the fields from here to _closed, the store writes that
+        # record them, and the hook calls that report them (so hooks see
+        # changes in order). It is never held while a fetch runs. _cond is notified on close; when a
         # job someone waits for (_waited) leaves the rotation or is cancelled;
         # and, while a worker waits for work (_idle > 0), on every change
         # that can let it start a target: a submit, a target finished or held
@@ -184,16 +184,18 @@ class Runner(Generic[C]):
     def submit(self, caller: C, targets: Iterable[str | Target]) -> str:
         """Store a new job for ``caller`` and put it last in the rotation;
         return its id. Raises ``InvalidJob`` for a bad target list and
-        ``RunnerClosed`` after :meth:`close`; nothing is stored then."""
+        ``RunnerClosed`` after :meth:`close`; nothing is stored then. (A
+        submit that races ``close`` may return the id of a job the closing
+        runner leaves in the store, live, for the next runner.)"""
         owner = caller_id(caller)
         job_targets = self._targets(targets)
         job_id = uuid.uuid4().hex
-        if self._closed:  # read without the lock: a hint, settled below
+        if self._closed:  # read without the lock: close() only ever sets it
             raise RunnerClosed("the runner is closed; submit to a new Runner")
         # Stored first, without the lock (workers go on meanwhile): a new job
         # is no other thread's business until it joins the rotation. If close
-        # comes between, the job stays live in the store for the next runner,
-        # like any unfinished job of a closed runner.
+        # comes between, the job joins a closed runner's rotation and stays
+        # live in the store for the next runner, like any unfinished job.
         self._store.create_job(job_id, owner, [t.ref for t in job_targets], self._id)
         with self._lock:
             self._rotation.add(LiveJob(job_id, owner, caller, job_targets, time.monotonic()))
@@ -489,7 +491,10 @@ class Runner(Generic[C]):
                     )
                     for job, _ in ended:
                         job.running = False
-                        self._rotation.offer(job)
+                        if job.cancelled:
+                            self._leave(job)  # ended in the store already
+                        else:
+                            self._rotation.offer(job)
                     return
                 log.warning(
                     "cannot store %d outcome(s); trying again in %.2gs",

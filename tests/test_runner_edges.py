@@ -381,3 +381,30 @@ def test_retry_later_after_past_retry_for_fails_at_once(db: store.Store) -> None
 def test_retry_later_refuses_a_bad_after(after: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="after"):
         batch.RetryLater("busy", after=after)  # type: ignore[arg-type]
+
+
+def test_a_cancelled_job_whose_outcome_is_dropped_at_close_leaves(
+    db: store.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job cancelled with its target in flight, whose outcome the store
+    then refuses until close drops it, still leaves the rotation: it is
+    over (cancelled in the store), and nothing keeps its caller."""
+    refused = threading.Event()
+
+    def broken(*args: object, **kwargs: object) -> object:
+        refused.set()
+        raise store.StoreError("disk full")
+
+    script, hooks = Script(), Recorder()
+    script.hold("a")
+    r = runner(db, script, hooks, workers=1)
+    job_id = r.submit(ALICE, ["a", "b"])
+    script.started("a")
+    assert r.cancel(ALICE, job_id)
+    monkeypatch.setattr(db, "store_targets", broken)
+    script.release("a")
+    assert refused.wait(TIMEOUT)
+    r.close(timeout=TIMEOUT)
+    assert r.statistics().live == 0
+    assert hooks.depths[-1] == 0
+    assert r.status(ALICE, job_id).status == "cancelled"
