@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -70,13 +71,33 @@ def attempt(
     caller: C,
     target: Target,
 ) -> Outcome:
-    """Call ``fetch`` once and classify what it did. Never raises."""
+    """Call ``fetch`` once and classify what it did. Never raises: this is
+    the one guard around everything a worker runs that is not the runner's
+    own bookkeeping (the fetch, the encoding of its result, the text of its
+    error), ``BaseException`` included."""
     start = time.monotonic()
+    try:
+        return _attempt(fetch, ctx, caller, target, start)
+    except BaseException as exc:  # noqa: BLE001 - a worker survives whatever a fetch does
+        try:
+            log.error("fetch of %r failed; stored as %r", target.ref, INTERNAL_ERROR, exc_info=exc)
+        except BaseException:  # noqa: BLE001 - not even a broken log handler ends a worker
+            pass
+        return Outcome("failed", time.monotonic() - start, error=INTERNAL_ERROR, err=exc)
+
+
+def _attempt(
+    fetch: Callable[[Context, C, Target], object],
+    ctx: Context,
+    caller: C,
+    target: Target,
+    start: float,
+) -> Outcome:
     try:
         value = fetch(ctx, caller, target)
     # A worker must survive whatever a fetch does, the Go "panic" included.
     except BaseException as exc:  # noqa: BLE001
-        return _failure(exc, time.monotonic() - start, target)
+        return _failure(exc, time.monotonic() - start)
     seconds = time.monotonic() - start
     try:
         text = _COMPACT.encode(value)
@@ -88,17 +109,20 @@ def attempt(
                 # is stored and decoded back to the very same value.
                 text = _ESCAPED.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
+        why = _text(exc)
         return Outcome(
             "failed",
             seconds,
             error="result is not JSON-serializable",
-            hint=f"{exc}; return dicts, lists, strings, finite numbers, booleans or None",
+            hint=f"{why}; return dicts, lists, strings, finite numbers, booleans or None",
             err=exc,
         )
+    # Anything else the encoding raises (a mapping whose items() raise, no
+    # memory for a huge result) is the guard's: stored "internal error".
     return Outcome("done", seconds, result=text)
 
 
-def _failure(exc: BaseException, seconds: float, target: Target) -> Outcome:
+def _failure(exc: BaseException, seconds: float) -> Outcome:
     if isinstance(exc, TargetError):
         hint = None if exc.hint is None else _text(exc.hint)
         return Outcome("failed", seconds, error=_text(exc.msg), hint=hint, err=exc)
@@ -107,8 +131,7 @@ def _failure(exc: BaseException, seconds: float, target: Target) -> Outcome:
         return Outcome(
             "busy", seconds, error=_text(busy) or "upstream busy", err=exc, after=busy.after or 0.0
         )
-    log.error("fetch of %r raised; stored as %r", target.ref, INTERNAL_ERROR, exc_info=exc)
-    return Outcome("failed", seconds, error=INTERNAL_ERROR, err=exc)
+    raise exc  # the guard in attempt() logs it and stores "internal error"
 
 
 def _text(value: object) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import TypeVarTuple
@@ -41,8 +42,12 @@ class Hooks:
 
 
 def call_hook(hook: Callable[[*Ts], object], *args: *Ts) -> None:
-    """Call ``hook(*args)``; log and swallow anything it raises."""
+    """Call ``hook(*args)``; log and swallow anything it raises,
+    ``BaseException`` included (a hook never ends a runner's thread)."""
     try:
         hook(*args)
-    except Exception:
-        log.exception("hook %s raised; ignored", getattr(hook, "__qualname__", hook))
+    except BaseException:  # noqa: BLE001
+        try:
+            log.exception("hook %s raised; ignored", getattr(hook, "__qualname__", hook))
+        except BaseException:  # noqa: BLE001 - nor does a broken log handler
+            pass

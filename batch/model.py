@@ -132,9 +132,14 @@ class Config:
       (a target in flight when its runner died is fetched again: at least
       once). Without ``resume``, or when it returns None, the job ends at
       once, its pending targets ``failed`` with error ``interrupted``.
-    - ``takeover_after``: how long a runner may go silent before another
-      takes its jobs (a closed runner, or one whose process is gone on this
-      host, at once). Runners beat three times within it.
+    - ``takeover_after``: the length of a job's lease: how long a runner may
+      go without renewing before another takes its jobs (those of a closed
+      runner, or of one whose process is gone on this host, at once).
+      Runners renew three times within it, and start no target once they
+      could not renew for that long.
+    - ``max_live``: the most jobs the runner holds at once (None: every job
+      submitted through it). Further jobs wait ``queued`` in the store, in
+      submit order, for any runner on the store with room.
     """
 
     workers: int = 4
@@ -144,6 +149,7 @@ class Config:
     max_targets: int = 1000
     resume: Callable[[str], Any] | None = None
     takeover_after: float = 5.0
+    max_live: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("workers", self.workers, 1)
@@ -152,6 +158,8 @@ class Config:
         _check_seconds("retry_wait", self.retry_wait)
         _check_seconds("retry_for", self.retry_for)
         _check_seconds("takeover_after", self.takeover_after)
+        if self.max_live is not None:
+            _check_int("max_live", self.max_live, 1)
         if self.takeover_after <= 0:
             raise ValueError("Config.takeover_after must be more than 0 seconds")
         if self.resume is not None and not callable(self.resume):

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterator
 from typing import Generic, TypeVar
+
+import store
 
 from .model import Target
 
@@ -19,7 +22,10 @@ class LiveJob(Generic[C]):
     ``next`` is the index of the next target to fetch; at most one target is in
     flight (``running``). ``retry_at`` (monotonic seconds, 0 when not waiting)
     holds back a target that came back busy; ``busy_since`` is when it first
-    did (None when the current target has not been busy).
+    did (None when the current target has not been busy). ``lease`` is the
+    runner's hold on it in the store; ``cancelled`` (through any runner) and
+    ``lost`` (its lease is another runner's now) both mean: start nothing
+    more of it.
     """
 
     __slots__ = (
@@ -30,6 +36,8 @@ class LiveJob(Generic[C]):
         "done",
         "failed",
         "id",
+        "lease",
+        "lost",
         "next",
         "order",
         "owner",
@@ -40,24 +48,42 @@ class LiveJob(Generic[C]):
         "targets",
     )
 
-    def __init__(
-        self, job_id: str, owner: str, caller: C, targets: list[Target], created: float
+    def __init__(  # noqa: PLR0917 - one job's six facts, always given together
+        self,
+        job_id: str,
+        owner: str,
+        caller: C,
+        targets: list[Target],
+        created: float,
+        lease: store.Lease,
     ) -> None:
         self.id = job_id
         self.owner = owner
         self.caller = caller
         self.targets = targets
         self.created = created
+        self.lease = lease
         self.next = 0
         self.running = False
         self.started = False
         self.cancelled = False
+        self.lost = False
         self.retry_at = 0.0
         self.busy_since: float | None = None
         self.done = 0
         self.failed = 0
         self.order = -1  # its place in submit order, set by Rotation.add
         self.queued = False  # waiting in the rotation for its turn
+
+    @property
+    def halted(self) -> bool:
+        """No further target of this job may start here."""
+        return self.cancelled or self.lost
+
+    @property
+    def finished(self) -> bool:
+        """Every target is stored."""
+        return self.next >= len(self.targets)
 
 
 class Rotation(Generic[C]):
@@ -116,11 +142,24 @@ class Rotation(Generic[C]):
             self._by_id = {}
             self._ahead, self._behind, self._retry = [], [], []
 
+    def __iter__(self) -> Iterator[LiveJob[C]]:
+        return iter(list(self._by_id.values()))
+
+    def settle(self, job: LiveJob[C]) -> bool:
+        """Put a job with no target in flight where it belongs: out of the
+        rotation if it is halted or finished (returns True), else offered.
+        Every transition of a live job that is not running ends here."""
+        if job.halted or job.finished:
+            self.remove(job)
+            return True
+        self.offer(job)
+        return False
+
     def offer(self, job: LiveJob[C]) -> None:
         """Queue a job that may start its next target, now or at its
         ``retry_at``. Called after every change that may make it ready; a job
-        already queued, running, cancelled or out of targets is left as is."""
-        if job.queued or job.running or job.cancelled or job.next >= len(job.targets):
+        already queued, running, halted or out of targets is left as is."""
+        if job.queued or job.running or job.halted or job.finished:
             return
         job.queued = True
         if job.retry_at:
@@ -152,9 +191,9 @@ class Rotation(Generic[C]):
 
     def _live(self, job_id: str) -> LiveJob[C] | None:
         """The job of an entry just popped, or None if it left or was
-        cancelled (the entry is dropped)."""
+        halted (the entry is dropped)."""
         job = self._by_id.get(job_id)
-        if job is not None and job.cancelled:
+        if job is not None and job.halted:
             job.queued = False
             return None
         return job
@@ -171,5 +210,5 @@ class Rotation(Generic[C]):
         return sum(
             1
             for at, _, job_id in self._retry
-            if at > now and (job := self._by_id.get(job_id)) is not None and not job.cancelled
+            if at > now and (job := self._by_id.get(job_id)) is not None and not job.halted
         )

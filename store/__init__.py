@@ -6,8 +6,10 @@ with store.open("jobs.sqlite3") as db:
 """
 
 from .errors import Conflict, InvalidRun, NotFound, StoreError, Unsatisfiable
-from .jobs import JobRow, JobSummary, Stored, TargetOutcome, TargetRow
+from .jobs import JobRow, JobSummary, Lease, Stored, TargetOutcome, TargetRow
+from .leases import Beat
 from .record import label
+from .schema import JobStatus, ended_status
 from .shapes import Advert, Assigned, Assignment, Claim, NodeView, RunView, Step, StepView
 from .store import Store, open
 
@@ -15,11 +17,14 @@ __all__ = [
     "Advert",
     "Assigned",
     "Assignment",
+    "Beat",
     "Claim",
     "Conflict",
     "InvalidRun",
     "JobRow",
+    "JobStatus",
     "JobSummary",
+    "Lease",
     "NodeView",
     "NotFound",
     "RunView",
@@ -31,6 +36,7 @@ __all__ = [
     "TargetOutcome",
     "TargetRow",
     "Unsatisfiable",
+    "ended_status",
     "label",
     "open",
 ]

@@ -13,20 +13,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import Conflict, NotFound
-from .schema import LIVE_JOB, TERMINAL_JOB
+from .schema import LIVE_JOB, TERMINAL_JOB, JobStatus, ended_status
 
 __all__ = [
     "JobRow",
     "JobSummary",
+    "Lease",
     "Stored",
     "TargetOutcome",
     "TargetRow",
+    "cancel_job",
     "create_job",
     "end_jobs",
     "evict",
     "find_job",
     "get_job",
     "interrupt",
+    "job_status",
     "list_jobs",
     "load_jobs",
     "set_job_status",
@@ -61,13 +64,38 @@ class JobRow:
     touched_at: float
     nbytes: int
     targets: tuple[TargetRow, ...]
+    #: The runner the job was submitted through, if any.
+    runner_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A runner's hold on a job: its ``owner`` (the runner's id) and the
+    fencing ``token`` it got the job with. A write naming a lease is made
+    only while the job still has exactly that owner and token."""
+
+    owner: str
+    token: int
+
+
+#: A write conditioned on a lease: ``(job id, owner, token)`` bound as the
+#: last three parameters; a NULL owner (no lease given) writes unconditioned.
+_FENCED = (
+    " AND (?{o} IS NULL OR EXISTS (SELECT 1 FROM jobs WHERE id = ?{j}"
+    " AND lease_owner = ?{o} AND lease_token = ?{t}))"
+)
+
+
+def _fence(lease: Lease | None) -> tuple[str | None, int | None]:
+    return (None, None) if lease is None else (lease.owner, lease.token)
 
 
 @dataclass(frozen=True, slots=True)
 class TargetOutcome:
     """What to store for one pending target: ``status`` ``done`` or
     ``failed`` with its texts, and, if it ends its job, the job's terminal
-    ``job_status``."""
+    ``job_status``. Given a ``lease``, stored only while the job is held
+    with it."""
 
     job_id: str
     pos: int
@@ -76,6 +104,7 @@ class TargetOutcome:
     error: str | None = None
     hint: str | None = None
     job_status: str | None = None
+    lease: Lease | None = None
 
     def __post_init__(self) -> None:
         if self.status not in ("done", "failed"):
@@ -92,13 +121,15 @@ class TargetOutcome:
 @dataclass(frozen=True, slots=True)
 class Stored:
     """What came of storing several outcomes, by their index: ``refused``
-    (``NotFound``: the job is gone; ``Conflict``: the target was stored
-    already), ``ended`` (their job moved to its ``job_status``), and the
-    jobs ``evicted`` meanwhile."""
+    (``NotFound``: the job is gone; ``Conflict``: its lease is another's, or
+    the target was stored already), ``ended`` (their job moved to its
+    ``job_status``), ``cancelled`` (stored, but their job was cancelled
+    meanwhile, through another runner maybe), and the jobs ``evicted``."""
 
     refused: dict[int, NotFound | Conflict]
     ended: frozenset[int]
     evicted: list[str]
+    cancelled: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,13 +155,26 @@ def create_job(
     now: float,
     *,
     runner_id: str | None = None,
+    lease_until: float | None = None,
 ) -> None:
-    """Store a new job ``queued`` with every target ``pending``, owned by the
-    runner ``runner_id`` (if any)."""
+    """Store a new job ``queued`` with every target ``pending``, submitted
+    through the runner ``runner_id`` (if any) and, given ``lease_until``,
+    leased to it until then with token 1 (else it waits for a runner)."""
+    leased = runner_id is not None and lease_until is not None
     conn.execute(
-        "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, runner_id)"
-        " VALUES (?, ?, 'queued', ?, ?, ?, ?)",
-        (job_id, owner, now, now, now, runner_id),
+        "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, runner_id,"
+        " lease_owner, lease_token, lease_until) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
+        (
+            job_id,
+            owner,
+            now,
+            now,
+            now,
+            runner_id,
+            runner_id if leased else None,
+            1 if leased else 0,
+            lease_until if leased else None,
+        ),
     )
     conn.executemany(
         "INSERT INTO targets (job_id, pos, ref) VALUES (?, ?, ?)",
@@ -138,68 +182,109 @@ def create_job(
     )
 
 
-def set_job_status(conn: sqlite3.Connection, job_id: str, status: str, now: float) -> bool:
-    """Move a live job to ``status``; a terminal status also touches it.
+def set_job_status(
+    conn: sqlite3.Connection, job_id: str, status: str, now: float, lease: Lease | None = None
+) -> bool:
+    """Move a live job to ``status``; a terminal status also touches it and
+    releases its lease. Given a ``lease``, only while the job is held with it.
 
-    Returns False, changing nothing, when the job is gone or already terminal:
-    a terminal status is final (a late ``running`` or ``done`` never
-    overwrites ``cancelled``).
+    Returns False, changing nothing, when the job is gone, already terminal
+    or (given a lease) held by another: a terminal status is final (a late
+    ``running`` or ``done`` never overwrites ``cancelled``).
     """
     if status in TERMINAL_JOB:
-        sql = "UPDATE jobs SET status = ?, updated_at = ?, touched_at = ? WHERE id = ?"
-        args: tuple[object, ...] = (status, now, now, job_id)
+        sql = (
+            "UPDATE jobs SET status = ?1, updated_at = ?2, touched_at = ?2, lease_owner = NULL"
+            " WHERE id = ?3"
+        )
     elif status in LIVE_JOB:
-        sql = "UPDATE jobs SET status = ?, updated_at = ? WHERE id = ?"
-        args = (status, now, job_id)
+        sql = "UPDATE jobs SET status = ?1, updated_at = ?2 WHERE id = ?3"
     else:
         raise ValueError(f"unknown job status {status!r}")
-    cur = conn.execute(sql + " AND status IN ('queued', 'running')", args)
+    cur = conn.execute(
+        sql + " AND status IN ('queued', 'running')" + _FENCED.format(j=3, o=4, t=5),
+        (status, now, job_id, *_fence(lease)),
+    )
     return cur.rowcount == 1
+
+
+def cancel_job(conn: sqlite3.Connection, job_id: str, owner: str, now: float) -> bool:
+    """Cancel ``owner``'s live job, whichever runner holds it (that runner
+    learns it at its next commit or beat, and releases the lease). False if
+    there is no such live job of ``owner``'s."""
+    cur = conn.execute(
+        "UPDATE jobs SET status = 'cancelled', updated_at = ?1, touched_at = ?1"
+        " WHERE id = ?2 AND owner = ?3 AND status IN ('queued', 'running')",
+        (now, job_id, owner),
+    )
+    return cur.rowcount == 1
+
+
+def job_status(conn: sqlite3.Connection, job_id: str, owner: str) -> JobStatus | None:
+    """The status of ``owner``'s job, or None if there is none."""
+    row = conn.execute(
+        "SELECT status FROM jobs WHERE id = ? AND owner = ?", (job_id, owner)
+    ).fetchone()
+    return None if row is None else row[0]
 
 
 def store_targets(
     conn: sqlite3.Connection, outcomes: Sequence[TargetOutcome], now: float
-) -> dict[int, NotFound | Conflict]:
+) -> tuple[dict[int, NotFound | Conflict], frozenset[int]]:
     """Store the outcomes of pending targets, adding their bytes to their
     jobs' and to the total. Returns, by index in ``outcomes``, those not
     stored: ``NotFound`` when the job is gone (evicted meanwhile),
-    ``Conflict`` when that target is no longer pending. Terminal statuses are
-    left to :func:`end_jobs`, so that eviction can come between.
+    ``Conflict`` when its lease is another's or that target is no longer
+    pending; and those stored whose job is terminal already (cancelled).
+    Terminal statuses are left to :func:`end_jobs`.
     """
     refused: dict[int, NotFound | Conflict] = {}
+    cancelled: set[int] = set()
     added = 0
     for i, o in enumerate(outcomes):
         cur = conn.execute(
-            "UPDATE targets SET status = ?, result = ?, error = ?, hint = ?"
-            " WHERE job_id = ? AND pos = ? AND status = 'pending'",
-            (o.status, o.result, o.error, o.hint, o.job_id, o.pos),
+            "UPDATE targets SET status = ?1, result = ?2, error = ?3, hint = ?4"
+            " WHERE job_id = ?5 AND pos = ?6 AND status = 'pending'"
+            + _FENCED.format(j=5, o=7, t=8),
+            (o.status, o.result, o.error, o.hint, o.job_id, o.pos, *_fence(o.lease)),
         )
         if cur.rowcount != 1:
-            refused[i] = (
-                NotFound(f"no job {o.job_id!r}")
-                if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (o.job_id,)).fetchone() is None
-                else Conflict(f"target {o.pos} of job {o.job_id!r} is not pending")
-            )
+            refused[i] = _refusal(conn, o)
             continue
-        conn.execute(
-            "UPDATE jobs SET nbytes = nbytes + ?, updated_at = ? WHERE id = ?",
+        (status,) = conn.execute(
+            "UPDATE jobs SET nbytes = nbytes + ?, updated_at = ? WHERE id = ? RETURNING status",
             (o.nbytes, now, o.job_id),
-        )
+        ).fetchone()
+        if status not in LIVE_JOB:
+            cancelled.add(i)
         added += o.nbytes
     if added:
         conn.execute("UPDATE job_bytes SET total = total + ?", (added,))
-    return refused
+    return refused, frozenset(cancelled)
 
 
-def start_jobs(conn: sqlite3.Connection, job_ids: Sequence[str], now: float) -> None:
-    """Move these jobs from ``queued`` to ``running`` (those in another status
-    stay as they are)."""
-    if job_ids:
-        conn.execute(
-            "UPDATE jobs SET status = 'running', updated_at = ?"
-            f" WHERE status = 'queued' AND id IN ({', '.join(['?'] * len(job_ids))})",
-            (now, *job_ids),
-        )
+def _refusal(conn: sqlite3.Connection, o: TargetOutcome) -> NotFound | Conflict:
+    """Why ``o`` was not stored."""
+    row = conn.execute(
+        "SELECT lease_owner, lease_token FROM jobs WHERE id = ?", (o.job_id,)
+    ).fetchone()
+    if row is None:
+        return NotFound(f"no job {o.job_id!r}")
+    if o.lease is not None and (o.lease.owner, o.lease.token) != tuple(row):
+        return Conflict(f"job {o.job_id!r} is no longer leased to runner {o.lease.owner}")
+    return Conflict(f"target {o.pos} of job {o.job_id!r} is not pending")
+
+
+def start_jobs(
+    conn: sqlite3.Connection, starting: Sequence[tuple[str, Lease | None]], now: float
+) -> None:
+    """Move these jobs from ``queued`` to ``running``, each only while held
+    with its lease (if given); those in another status stay as they are."""
+    conn.executemany(
+        "UPDATE jobs SET status = 'running', updated_at = ?1"
+        " WHERE id = ?2 AND status = 'queued'" + _FENCED.format(j=2, o=3, t=4),
+        ((now, job_id, *_fence(lease)) for job_id, lease in starting),
+    )
 
 
 def end_jobs(
@@ -215,7 +300,7 @@ def end_jobs(
         for i, o in enumerate(outcomes)
         if o.job_status is not None
         and i not in refused
-        and set_job_status(conn, o.job_id, o.job_status, now)
+        and set_job_status(conn, o.job_id, o.job_status, now, o.lease)
     )
 
 
@@ -255,7 +340,7 @@ def evict(conn: sqlite3.Connection, max_bytes: int) -> list[str]:
 def get_job(conn: sqlite3.Connection, job_id: str, owner: str) -> JobRow | None:
     """The job with its targets, or None if there is none of this owner's."""
     row = conn.execute(
-        "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes"
+        "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id"
         " FROM jobs WHERE id = ? AND owner = ?",
         (job_id, owner),
     ).fetchone()
@@ -265,7 +350,7 @@ def get_job(conn: sqlite3.Connection, job_id: str, owner: str) -> JobRow | None:
 def find_job(conn: sqlite3.Connection, job_id: str) -> JobRow | None:
     """The job with its targets, whoever owns it, or None."""
     row = conn.execute(
-        "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes"
+        "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id"
         " FROM jobs WHERE id = ?",
         (job_id,),
     ).fetchone()
@@ -295,19 +380,25 @@ def load_jobs(conn: sqlite3.Connection, job_ids: Sequence[str]) -> list[JobRow]:
     for start in range(0, len(job_ids), 500):
         chunk = job_ids[start : start + 500]
         rows += conn.execute(
-            "SELECT seq, id, owner, status, created_at, updated_at, touched_at, nbytes FROM jobs"
+            "SELECT seq, id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id"
+            " FROM jobs"
             f" WHERE id IN ({', '.join('?' * len(chunk))})",
             chunk,
         ).fetchall()
     return [_with_targets(conn, row[1:]) for row in sorted(rows)]
 
 
-def interrupt(conn: sqlite3.Connection, job_id: str, hint: str, now: float) -> str:
+def interrupt(
+    conn: sqlite3.Connection, job_id: str, hint: str, now: float, lease: Lease | None = None
+) -> tuple[str, int] | None:
     """End a live job that no runner will go on with: its pending targets
     ``failed`` with error ``interrupted`` and ``hint``, then its status by its
-    targets (all done: ``done``; all failed: ``failed``; else ``partial``).
-    Returns that status."""
+    targets (rule 3). Given a ``lease``, only while the job is held with it.
+    Returns that status and how many targets were interrupted, or None if
+    the job is not live (or not held with ``lease``)."""
     error = "interrupted"
+    if not set_job_status(conn, job_id, "running", now, lease):
+        return None
     cur = conn.execute(
         "UPDATE targets SET status = 'failed', error = ?, hint = ?"
         " WHERE job_id = ? AND status = 'pending'",
@@ -321,13 +412,13 @@ def interrupt(conn: sqlite3.Connection, job_id: str, hint: str, now: float) -> s
         " FROM targets WHERE job_id = ?",
         (job_id,),
     ).fetchone()
-    status = "done" if not failed else "failed" if not done else "partial"
+    status = ended_status(done, failed)
     set_job_status(conn, job_id, status, now)
-    return status
+    return status, cur.rowcount
 
 
 def _with_targets(conn: sqlite3.Connection, row: Any) -> JobRow:
-    job_id, owner, status, created_at, updated_at, touched_at, nbytes = row
+    job_id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id = row
     targets = tuple(
         TargetRow(*t)
         for t in conn.execute(
@@ -336,7 +427,9 @@ def _with_targets(conn: sqlite3.Connection, row: Any) -> JobRow:
             (job_id,),
         )
     )
-    return JobRow(job_id, owner, status, created_at, updated_at, touched_at, nbytes, targets)
+    return JobRow(
+        job_id, owner, status, created_at, updated_at, touched_at, nbytes, targets, runner_id
+    )
 
 
 def touch_job(conn: sqlite3.Connection, job_id: str, owner: str, now: float) -> bool:

@@ -7,11 +7,35 @@ however old, reaches the same schema by replaying the steps it lacks.
 
 from __future__ import annotations
 
-__all__ = ["LIVE_JOB", "MIGRATIONS", "TERMINAL_JOB", "VERSION"]
+from typing import Literal, get_args
 
-#: Job statuses, as stored. A terminal job never changes status again.
-LIVE_JOB = ("queued", "running")
-TERMINAL_JOB = ("done", "failed", "partial", "cancelled")
+__all__ = [
+    "LIVE_JOB",
+    "MIGRATIONS",
+    "TERMINAL_JOB",
+    "VERSION",
+    "JobStatus",
+    "TargetState",
+    "ended_status",
+]
+
+#: A job's status, as stored: live (``queued``, ``running``), then terminal
+#: for good. The one place the vocabulary is spelled.
+JobStatus = Literal["queued", "running", "done", "failed", "partial", "cancelled"]
+LiveStatus = Literal["queued", "running"]
+TerminalStatus = Literal["done", "failed", "partial", "cancelled"]
+LIVE_JOB: tuple[LiveStatus, ...] = get_args(LiveStatus)
+TERMINAL_JOB: tuple[TerminalStatus, ...] = get_args(TerminalStatus)
+
+#: A target's status, as stored.
+TargetState = Literal["pending", "done", "failed"]
+
+
+def ended_status(done: int, failed: int) -> Literal["done", "failed", "partial"]:
+    """The status of a job whose every target is stored (rule 3): all done
+    ``done``, all failed ``failed``, some of each ``partial``."""
+    return "done" if not failed else "failed" if not done else "partial"
+
 
 _JOBS = (
     # seq orders jobs by creation (AUTOINCREMENT: never reused, even after the
@@ -164,5 +188,34 @@ _RUNNERS = (
     """,
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_JOBS, _RUNS, _RUNNERS)
+_LEASES = (
+    # A live job is held by one runner at a time through a lease: its owner
+    # (lease_owner, a runner id; NULL: no runner holds it, it waits for one
+    # with room), until when (lease_until, the store's clock) and a fencing
+    # token bumped whenever the job changes owner. Every write a runner makes
+    # for a job names the owner and token it holds. runner_id stays the
+    # runner the job was submitted through (its "home").
+    "ALTER TABLE jobs ADD COLUMN lease_owner TEXT",
+    "ALTER TABLE jobs ADD COLUMN lease_token INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN lease_until REAL",
+    # Jobs of an older library: leased to their runner, lapsed.
+    """
+    UPDATE jobs SET lease_owner = runner_id, lease_token = 1, lease_until = 0
+    WHERE status IN ('queued', 'running') AND runner_id IS NOT NULL
+    """,
+    "CREATE INDEX jobs_leased ON jobs (lease_owner) WHERE lease_owner IS NOT NULL",
+    "CREATE INDEX jobs_waiting ON jobs (seq) WHERE status IN ('queued', 'running')",
+    # When a runner last beat, by the store's clock: a beat that finds the
+    # one before it long past knows the store could not be written meanwhile
+    # (every runner was blocked), and gives that time back to every lease.
+    """
+    CREATE TABLE lease_clock (
+        one     INTEGER PRIMARY KEY CHECK (one = 1),
+        beat_at REAL    NOT NULL
+    )
+    """,
+    "INSERT INTO lease_clock (one, beat_at) VALUES (1, 0)",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_JOBS, _RUNS, _RUNNERS, _LEASES)
 VERSION = len(MIGRATIONS)

@@ -12,10 +12,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import jobs, nodes, queue, record, runners, runs
+from . import jobs, leases, nodes, queue, record, runs
 from .db import Database, Synchronous
 from .errors import StoreError
-from .jobs import JobRow, JobSummary, Stored, TargetOutcome
+from .jobs import JobRow, JobSummary, Lease, Stored, TargetOutcome
+from .leases import Beat
+from .schema import JobStatus
 from .shapes import RUN_STATES, Advert, Claim, NodeView, RunView, Step
 
 __all__ = ["Store", "open"]
@@ -62,17 +64,39 @@ class Store:
     # -- batch jobs ---------------------------------------------------------
 
     def create_job(
-        self, job_id: str, owner: str, refs: Sequence[str], runner_id: str | None = None
+        self,
+        job_id: str,
+        owner: str,
+        refs: Sequence[str],
+        runner_id: str | None = None,
+        *,
+        lease_for: float | None = None,
     ) -> None:
         """Store a new job, ``queued``, with its targets ``pending`` in order,
-        owned by runner ``runner_id``."""
+        submitted through runner ``runner_id``; given ``lease_for``, leased
+        to that runner for so many seconds (token 1), else waiting for any
+        runner with room."""
         with self._db.transaction() as conn:
-            jobs.create_job(conn, job_id, owner, refs, time.time(), runner_id=runner_id)
+            now = time.time()
+            until = None if lease_for is None else now + lease_for
+            jobs.create_job(conn, job_id, owner, refs, now, runner_id=runner_id, lease_until=until)
 
-    def set_job_status(self, job_id: str, status: str) -> bool:
-        """Move a live job to ``status``; False if it is gone or already terminal."""
+    def set_job_status(self, job_id: str, status: str, lease: Lease | None = None) -> bool:
+        """Move a live job to ``status``; False if it is gone, already terminal
+        or (given ``lease``) held by another."""
         with self._db.transaction() as conn:
-            return jobs.set_job_status(conn, job_id, status, time.time())
+            return jobs.set_job_status(conn, job_id, status, time.time(), lease)
+
+    def cancel_job(self, job_id: str, owner: str) -> bool:
+        """Cancel ``owner``'s live job, whichever runner holds it; False if
+        there is no such live job."""
+        with self._db.transaction() as conn:
+            return jobs.cancel_job(conn, job_id, owner, time.time())
+
+    def job_status(self, job_id: str, owner: str) -> JobStatus | None:
+        """The status of ``owner``'s job, or None if there is none."""
+        with self._db.transaction(write=False) as conn:
+            return jobs.job_status(conn, job_id, owner)
 
     def store_target(
         self,
@@ -86,9 +110,9 @@ class Store:
         max_bytes: int | None = None,
         job_status: str | None = None,
     ) -> list[str]:
-        """Store one target's outcome; then, given ``max_bytes``, evict terminal
-        jobs past that budget; then, given ``job_status``, move the job to it.
-        All in one transaction; returns the evicted ids.
+        """Store one target's outcome; then, given ``job_status``, move the job
+        to it; then, given ``max_bytes``, evict terminal jobs past that
+        budget. All in one transaction; returns the evicted ids.
 
         Raises ``NotFound`` if the job is gone, ``Conflict`` if the target was
         already stored; nothing is written then.
@@ -105,14 +129,15 @@ class Store:
         outcomes: Sequence[TargetOutcome],
         *,
         max_bytes: int | None = None,
-        starting: Sequence[str] = (),
+        starting: Sequence[tuple[str, Lease | None]] = (),
     ) -> Stored:
         """Store several targets' outcomes in one transaction (one commit for
-        all: what a busy runner needs), then, given ``max_bytes``, evict
-        terminal jobs past that budget, then end the jobs whose outcome
-        carries a ``job_status``. An outcome the store refuses (its job gone,
-        its target stored already) does not stop the others. First, the
-        ``starting`` jobs still ``queued`` become ``running``."""
+        all: what a busy runner needs), end the jobs whose outcome carries a
+        ``job_status``, then, given ``max_bytes``, evict terminal jobs past
+        that budget. An outcome the store refuses (its job gone, its lease
+        another's, its target stored already) does not stop the others.
+        First, the ``starting`` jobs (id and lease) still ``queued`` become
+        ``running``."""
         with self._db.transaction() as conn:
             jobs.start_jobs(conn, starting, time.time())
             return _store_targets(conn, outcomes, max_bytes)
@@ -144,35 +169,42 @@ class Store:
         with self._db.transaction() as conn:
             return jobs.evict(conn, max_bytes)
 
-    def interrupt_job(self, job_id: str, hint: str) -> str:
+    def interrupt_job(
+        self, job_id: str, hint: str, lease: Lease | None = None
+    ) -> tuple[str, int] | None:
         """End a live job no runner will go on with (pending targets ``failed``,
-        error ``interrupted``); return its terminal status."""
+        error ``interrupted``); return its terminal status and how many
+        targets that failed, or None if it is not live (or not held with
+        ``lease``)."""
         with self._db.transaction() as conn:
-            return jobs.interrupt(conn, job_id, hint, time.time())
+            return jobs.interrupt(conn, job_id, hint, time.time(), lease)
 
     # -- batch runners ---------------------------------------------------------
 
     def register_runner(self, runner_id: str) -> None:
         """Record a runner of this process as alive."""
         with self._db.transaction() as conn:
-            runners.register(conn, runner_id, time.time())
+            leases.register(conn, runner_id, time.time())
 
-    def runner_heartbeat(self, runner_id: str) -> None:
-        """The runner is alive now."""
+    def beat_runner(
+        self, runner_id: str, lapse: float, *, room: int | None = None, foreign: bool = False
+    ) -> Beat:
+        """One beat of the runner: renew its leases for ``lapse`` seconds and
+        take jobs no live runner holds (see ``leases.beat``)."""
         with self._db.transaction() as conn:
-            runners.beat(conn, runner_id, time.time())
+            return leases.beat(conn, runner_id, time.time(), lapse, room=room, foreign=foreign)
+
+    def halted_jobs(self, runner_id: str) -> list[str]:
+        """Ids of the jobs leased to the runner that are terminal already
+        (cancelled through another runner)."""
+        with self._db.transaction(write=False) as conn:
+            return leases.halted(conn, runner_id)
 
     def retire_runner(self, runner_id: str) -> None:
-        """The runner closed; its live jobs may be taken over at once."""
+        """The runner closed: its leases are released, and the next runner
+        with room takes its live jobs at once."""
         with self._db.transaction() as conn:
-            runners.retire(conn, runner_id)
-
-    def take_over_jobs(self, runner_id: str, lapse: float) -> list[JobRow]:
-        """Give the runner the live jobs of every runner that is gone (closed,
-        silent for over ``lapse`` seconds, or its process exited on this
-        host); return the jobs it took, oldest first."""
-        with self._db.transaction() as conn:
-            return runners.take_over(conn, runner_id, time.time(), lapse)
+            leases.retire(conn, runner_id)
 
     def total_bytes(self) -> int:
         """The stored bytes of every job, live and terminal."""
@@ -299,12 +331,14 @@ class Store:
 def _store_targets(
     conn: sqlite3.Connection, outcomes: Sequence[TargetOutcome], max_bytes: int | None
 ) -> Stored:
-    """Store the outcomes, evict past ``max_bytes``, end the jobs: in this
-    order (so the eviction never takes a job that these outcomes end)."""
+    """Store the outcomes, end the jobs, evict past ``max_bytes``: in this
+    order, so that the budget holds once the commit is made. The jobs just
+    ended were touched last, so they go last."""
     now = time.time()
-    refused = jobs.store_targets(conn, outcomes, now)
+    refused, cancelled = jobs.store_targets(conn, outcomes, now)
+    ended = jobs.end_jobs(conn, outcomes, refused, now)
     evicted = [] if max_bytes is None else jobs.evict(conn, max_bytes)
-    return Stored(refused, jobs.end_jobs(conn, outcomes, refused, now), evicted)
+    return Stored(refused, ended, evicted, cancelled)
 
 
 def open(

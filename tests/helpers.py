@@ -6,12 +6,25 @@ from __future__ import annotations
 import contextlib
 import socketserver
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import batch
 
 TIMEOUT = 10.0
+
+
+def within(seconds: float, pred: Callable[[], bool]) -> bool:
+    """Whether ``pred()`` holds within ``seconds``: for promises made in
+    seconds ("the store shows it within 0.1 s"), asked every millisecond."""
+    deadline = time.monotonic() + seconds
+    idle = threading.Event()
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        idle.wait(0.001)
+    return True
 
 
 class Clock:

@@ -198,14 +198,20 @@ def test_eviction_removes_oldest_terminal_jobs_and_keeps_live_ones(db: store.Sto
 
 
 def test_live_jobs_survive_a_budget_they_alone_exceed(db: store.Store) -> None:
+    """A live job is never evicted; once it ends, the budget holds again in
+    the same commit."""
     script = Script()
     script.hold("b")
-    with runner(db, script, workers=1, max_bytes=0) as r:
+    hooks = Recorder()
+    with runner(db, script, hooks, workers=1, max_bytes=0) as r:
         job_id = r.submit(ALICE, ["a", "b"])
         script.started("b")
         assert r.status(ALICE, job_id).targets[0].status == "done"
         script.release("b")
-        r.wait(ALICE, job_id, TIMEOUT)
+        hooks.wait_for(lambda h: h.jobs == ["done"])
+        with pytest.raises(batch.JobNotFound):
+            r.status(ALICE, job_id)
+    assert db.total_bytes() == 0
 
 
 # -- ownership -------------------------------------------------------------

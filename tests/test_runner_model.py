@@ -228,7 +228,7 @@ class MJob:
     status: str = "queued"
     next: int = 0
     running: bool = False
-    taken: bool = False  # a worker took it up: stored running with the next commit
+    taken: bool = False  # a worker took it up: running from then on
     cancelled: bool = False
     stored: list[Stored] = field(default_factory=list)
 
@@ -296,6 +296,8 @@ class Model:
         assert self.ready(job), f"{job.key} cannot start a target"
         job.running = True
         job.taken = True
+        if job.status == "queued":
+            job.status = "running"  # through its runner at once (SPEC 2)
         self.inflights.append(len(self.inflight))
         return job
 
@@ -322,11 +324,6 @@ class Model:
         assert job.running
         job.running = False
         self.inflights.append(len(self.inflight))
-        # Whatever it came to, the runner commits: every job taken up so far
-        # is stored running from now on.
-        for taken in self.jobs.values():
-            if taken.taken and taken.status == "queued":
-                taken.status = "running"
         stored = act.stored()
         if stored is None:
             # Busy: pending still, and with retry_wait=0 ready again at once.

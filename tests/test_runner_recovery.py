@@ -13,7 +13,7 @@ import pytest
 
 import batch
 import store
-from tests.helpers import TIMEOUT, Clock, Recorder, Script
+from tests.helpers import TIMEOUT, Clock, Recorder, Script, within
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -99,23 +99,45 @@ def test_a_live_runners_jobs_are_never_taken(db: store.Store) -> None:
         script.started("a1")
         with batch.Runner(db, Script(), batch.Config(resume=lambda cid: ALICE)) as second:
             assert second.statistics().live == 0
-            assert second.status(ALICE, job_id).status == "queued"  # a1 not stored yet
-            with pytest.raises(batch.BatchError, match="another runner"):
-                second.wait(ALICE, job_id, TIMEOUT)
-        script.release("a1")
+            # a1 is in flight: running through its runner at once, through
+            # any other within 0.1 s.
+            assert first.status(ALICE, job_id).status == "running"
+            assert within(0.1, lambda: second.status(ALICE, job_id).status == "running")
+            with pytest.raises(TimeoutError):
+                second.wait(ALICE, job_id, 0.05)
+            script.release("a1")
+            assert second.wait(ALICE, job_id, TIMEOUT).status == "done"
         assert first.wait(ALICE, job_id, TIMEOUT).status == "done"
 
 
 def test_a_runner_silent_past_the_lapse_is_gone(db: store.Store, clock: Clock) -> None:
-    """A runner that stopped beating longer than takeover_after ago is gone,
-    even if a process with its id still runs."""
+    """A runner that stopped beating for longer than takeover_after while
+    others beat is gone, even if a process with its id still runs."""
     db.register_runner("silent")
-    db.create_job("j1", "alice", ["x"], "silent")
+    db.create_job("j1", "alice", ["x"], "silent", lease_for=5)
+    db.register_runner("watcher")
     with batch.Runner(db, Script(), batch.Config(takeover_after=5)) as early:
         assert early.status(ALICE, "j1").status == "queued"
-    clock.tick(6)
+    for _ in range(3):  # another runner beats while "silent" does not
+        clock.tick(2)
+        db.beat_runner("watcher", 5, room=0, foreign=True)  # takes nothing
     with batch.Runner(db, Script(), batch.Config(takeover_after=5)) as late:
         assert late.status(ALICE, "j1").status == "failed"
+
+
+def test_a_stall_of_the_whole_store_takes_no_lease(db: store.Store, clock: Clock) -> None:
+    """When no runner could beat (the store could not be written), the time
+    is given back to every lease: a runner silent only for that long keeps
+    its jobs."""
+    db.register_runner("stalled")
+    db.create_job("j1", "alice", ["x"], "stalled", lease_for=5)
+    db.register_runner("watcher")
+    db.beat_runner("watcher", 5, room=0, foreign=True)
+    clock.tick(10)  # nobody beat: a stall
+    got = db.beat_runner("watcher", 5, foreign=True)
+    assert got.taken == []
+    clock.tick(1)
+    assert db.beat_runner("stalled", 5).held == {"j1": 1}
 
 
 CHILD = textwrap.dedent(

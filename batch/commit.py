@@ -1,0 +1,191 @@
+"""The group commit: finished fetches recorded a batch at a time, one
+transaction each, with the runner's lock released while the store writes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from typing import TypeVar
+
+import store
+
+from .attempt import Outcome
+from .hooks import call_hook
+from .rotation import LiveJob
+from .state import State
+
+__all__ = ["give_back_starting", "record", "take_starting", "unlocked"]
+
+log = logging.getLogger("batch")
+
+C = TypeVar("C")
+
+#: Seconds between tries of a store write the store refused: doubling from
+#: the first to the most.
+BACKOFF_FIRST = 0.01
+BACKOFF_MAX = 1.0
+
+
+@contextlib.contextmanager
+def unlocked(lock: threading.Lock) -> Iterator[None]:
+    """Release ``lock``, held by the caller, for the block."""
+    lock.release()
+    try:
+        yield
+    finally:
+        lock.acquire()
+
+
+def record(s: State[C]) -> None:
+    """Record every finished fetch, a batch at a time, until none is left.
+    Called with the lock held, by one worker at a time (``s.writing``).
+
+    Each batch is stored in one transaction with the lock released: the
+    group commit that lets the other workers pick and fetch meanwhile, and
+    share the next commit. Nothing the write depends on can change
+    meanwhile: its jobs stay running (no other worker touches them), what it
+    stores was decided under the lock, and they move on only once the lock
+    is taken again.
+    """
+    s.writing = True
+    try:
+        while s.finished:
+            finished, s.finished = s.finished, []
+            now = s.clock.monotonic()
+            _save(s, [(j, o) for j, outcome in finished if (o := _ended(s, j, outcome, now))])
+            if s.closed:
+                # A waiter must learn that its job will not end.
+                s.done.notify_all()
+    finally:
+        s.writing = False
+
+
+def _ended(s: State[C], job: LiveJob[C], outcome: Outcome, now: float) -> Outcome | None:
+    """The outcome to store for ``job``'s target, or None when it came back
+    busy and is to be tried again (rule 3): then the job waits on
+    ``retry_at``, or leaves if halted meanwhile."""
+    if outcome.status != "busy":
+        return outcome
+    if job.busy_since is None:
+        job.busy_since = now
+    retry_for = s.config.retry_for
+    if now - job.busy_since > retry_for:
+        return outcome.busy_too_long(retry_for)
+    if now + outcome.after - job.busy_since > retry_for:
+        return outcome.busy_too_long(retry_for, asked=True)
+    job.retry_at = now + max(s.config.retry_wait, outcome.after)
+    s.settle(job)
+    return None
+
+
+def _save(s: State[C], ended: list[tuple[LiveJob[C], Outcome]]) -> None:
+    """Store these outcomes in one transaction, each job's terminal status
+    with its last target, and the jobs starting as running; then move the
+    jobs on. Called with the lock held; releases it while the store writes.
+
+    A store that refuses the write (locked, disk full) is asked again with
+    backoff until it accepts; the jobs stay running, so none starts its next
+    target before its outcome is stored. Once the runner is closing it is
+    not asked again: the outcomes are dropped and the targets stay pending,
+    for the next runner.
+    """
+    delay = BACKOFF_FIRST
+    starting = take_starting(s)
+    while ended or starting:
+        # Cancel may come while the store refuses: decide each time.
+        outcomes = [_stored(job, o) for job, o in ended]
+        try:
+            with unlocked(s.lock):
+                stored = s.store.store_targets(
+                    outcomes, max_bytes=s.config.max_bytes, starting=starting
+                )
+        except store.StoreError:
+            if s.closed:
+                log.exception(
+                    "runner closing: %d outcome(s) dropped; their targets stay pending"
+                    " for the next runner",
+                    len(ended),
+                )
+                for job, _ in ended:
+                    s.settle(job)
+                return
+            if not ended:
+                give_back_starting(s, starting)
+                return
+            log.warning(
+                "cannot store %d outcome(s); trying again in %.2gs",
+                len(ended),
+                delay,
+                exc_info=True,
+            )
+            s.wait(s.done, delay)
+            delay = min(2 * delay, BACKOFF_MAX)
+            continue
+        for i, (job, outcome) in enumerate(ended):
+            refused = stored.refused.get(i)
+            if refused is not None:
+                # Its lease is another runner's, or it was cancelled and
+                # evicted meanwhile: this runner is done with it.
+                log.warning("target %d of job %s not stored: %s", job.next, job.id, refused)
+                job.lost = True
+                s.settle(job)
+                continue
+            end = outcomes[i].job_status if i in stored.ended else None
+            if i in stored.cancelled:
+                job.cancelled = True
+            _advance(s, job, outcome, end)
+        return
+
+
+def take_starting(s: State[C]) -> list[tuple[str, store.Lease | None]]:
+    """The jobs to be stored as running, taken from ``s.starting``: the
+    caller stores them, or gives them back with :func:`give_back_starting`."""
+    starting, s.starting = s.starting, []
+    return [(job.id, job.lease) for job in starting if not job.halted]
+
+
+def give_back_starting(s: State[C], starting: list[tuple[str, store.Lease | None]]) -> None:
+    """The running status of these jobs could not be stored: the next batch
+    (or the keeper) tries again."""
+    jobs = [job for job_id, _ in starting if (job := s.rotation.get(job_id)) is not None]
+    if jobs:
+        # Not before BACKOFF_MAX: a store that refuses is not asked in a loop.
+        s.starting_since = s.clock.monotonic() + BACKOFF_MAX
+        s.starting[:0] = jobs
+
+
+def _stored(job: LiveJob[C], outcome: Outcome) -> store.TargetOutcome:
+    """What to store for ``job``'s next target: ``outcome``, with the job's
+    status by its targets (rule 3) if that is its last and it is not
+    cancelled."""
+    end = None
+    if not job.cancelled and job.next + 1 == len(job.targets):
+        done = job.done + (outcome.status == "done")
+        end = store.ended_status(done, job.next + 1 - done)
+    return store.TargetOutcome(
+        job.id,
+        job.next,
+        outcome.status,
+        outcome.result,
+        outcome.error,
+        outcome.hint,
+        end,
+        job.lease,
+    )
+
+
+def _advance(s: State[C], job: LiveJob[C], outcome: Outcome, end: str | None) -> None:
+    """Move ``job`` past the target whose ``outcome`` was just stored, and
+    out of the rotation if that ended it (``end``) or it was halted."""
+    job.next += 1
+    job.done += outcome.status == "done"
+    job.failed += outcome.status != "done"
+    job.busy_since = None
+    job.retry_at = 0.0
+    call_hook(s.hooks.target, outcome.err, outcome.seconds, outcome.nbytes)
+    if end is not None:
+        call_hook(s.hooks.job, end)
+        call_hook(s.hooks.job_seconds, s.clock.monotonic() - job.created)
+    s.settle(job)

@@ -1,0 +1,162 @@
+"""The runner's shared state: one lock, the conditions on it, and what it guards.
+
+Every module of the runner (``runner``, ``worker``, ``commit``, ``keeper``)
+works on one ``State``; this is where the rule of its lock is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Generic, TypeVar
+
+import store
+
+from .attempt import Outcome
+from .clock import Clock
+from .context import Context
+from .hooks import Hooks, call_hook
+from .model import Config
+from .rotation import LiveJob, Rotation
+
+__all__ = ["State"]
+
+log = logging.getLogger("batch")
+
+C = TypeVar("C")
+
+
+class State(Generic[C]):
+    """What a runner's threads share.
+
+    ``lock`` guards every field below but the first group, the store writes
+    that record them and the hook calls that report them (so that hooks see
+    changes in order). It is never held while a fetch runs, nor while the
+    group commit or the keeper writes to the store.
+
+    Three conditions share it; each says who waits on it and who notifies:
+
+    - ``work``: idle workers (``idle`` of them) wait for a job that can start
+      a target. Notified, while ``idle`` > 0, on every change that can let
+      one start: a job added or put back, a renewal, close.
+    - ``done``: callers in ``Runner.wait`` (``waited`` by job id) wait for
+      their job to end. Notified when a waited-for job leaves the rotation
+      or is cancelled, when a batch is written after close, and on close.
+    - ``chores``: the keeper thread waits for its next beat. Notified when a
+      job starts (its ``running`` is to be stored), when room frees under
+      ``Config.max_live``, and on close.
+
+    Invariants whenever ``lock`` is free (``docs/concurrency.md`` says why):
+
+    1. A live job has at most one target in flight: ``job.running`` from the
+       moment a worker picks it until its outcome is recorded or held back.
+    2. ``inflight`` is the last value ``Hooks.inflight`` got, and
+       ``len(rotation)`` the last value ``Hooks.depth`` got.
+    3. A job in the rotation is running, or waits in exactly one heap of it;
+       a job that is halted (cancelled, lease lost) or finished and not
+       running is not in it.
+    4. ``finished`` holds a job at most once, and is empty unless a worker
+       is recording (``writing``).
+    5. No target starts once ``closed`` is set, nor while the monotonic
+       clock is past ``valid_until`` (the leases may have lapsed).
+    """
+
+    def __init__(
+        self,
+        db: store.Store,
+        config: Config,
+        hooks: Hooks,
+        clock: Clock,
+        runner_id: str,
+    ) -> None:
+        # Set once, read without the lock.
+        self.store = db
+        self.config = config
+        self.hooks = hooks
+        self.clock = clock
+        self.id = runner_id
+        self.ctx = Context()
+
+        self.lock = threading.Lock()
+        self.work = threading.Condition(self.lock)
+        self.done = threading.Condition(self.lock)
+        self.chores = threading.Condition(self.lock)
+
+        self.rotation: Rotation[C] = Rotation()
+        self.inflight = 0
+        self.idle = 0
+        self.waited: dict[str, int] = {}
+        # Fetches done, outcome not recorded yet (see commit.record).
+        self.finished: list[tuple[LiveJob[C], Outcome]] = []
+        self.writing = False
+        # Jobs whose first target started, to be stored running: by the next
+        # batch, or by the keeper within START_DELAY.
+        self.starting: list[LiveJob[C]] = []
+        self.starting_since = 0.0  # when the first of them started
+        # Under Config.max_live: callers of the jobs stored waiting for room,
+        # by caller id, with how many such jobs each has.
+        self.waiting: dict[str, tuple[C, int]] = {}
+        self.want_room = False  # room freed while jobs may wait: beat soon
+        self.valid_until = clock.monotonic() + config.takeover_after
+        self.closed = False
+        self.stopping = False  # the workers are joined: the keeper retires
+
+    # -- transitions of live jobs, all with the lock held ----------------------
+
+    def add(self, job: LiveJob[C]) -> None:
+        """Put a new job last in the rotation."""
+        self.rotation.add(job)
+        call_hook(self.hooks.depth, len(self.rotation))
+        self.wake_worker()
+
+    def settle(self, job: LiveJob[C]) -> None:
+        """``job`` has no target in flight any more: it leaves the rotation
+        (halted or finished) or waits for its next turn."""
+        job.running = False
+        if self.rotation.settle(job):
+            call_hook(self.hooks.depth, len(self.rotation))
+            if job.id in self.waited:
+                self.done.notify_all()
+            if self.config.max_live is not None and not self.closed:
+                self.want_room = True
+                self.chores.notify()
+        else:
+            self.wake_worker()
+
+    def halt(self, job: LiveJob[C], *, lost: bool = False) -> None:
+        """Start nothing more of ``job``: it was cancelled, or (``lost``) its
+        lease is another runner's. A job in flight leaves once its outcome
+        is recorded (or refused)."""
+        if lost:
+            job.lost = True
+        else:
+            job.cancelled = True
+        if job.running:
+            if job.id in self.waited:
+                self.done.notify_all()
+        else:
+            self.settle(job)
+
+    def wake_worker(self) -> None:
+        """Notify one idle worker, if any: one job may start (or its retry
+        time is set, which the next to wait must see)."""
+        if self.idle:
+            self.work.notify()
+
+    def wake_workers(self) -> None:
+        """Notify every idle worker: the leases were renewed, or the runner
+        closes."""
+        if self.idle:
+            self.work.notify_all()
+
+    def cancelled_elsewhere(self, job_id: str) -> None:
+        """Another runner of this process cancelled ``job_id`` in the store:
+        if this runner holds it, start nothing more of it."""
+        with self.lock:
+            job = self.rotation.get(job_id)
+            if job is not None:
+                self.halt(job)
+
+    def wait(self, cond: threading.Condition, timeout: float | None) -> None:
+        """Wait on ``cond`` (lock held) by the runner's clock."""
+        self.clock.wait(cond, timeout)

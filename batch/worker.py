@@ -1,0 +1,84 @@
+"""The worker loop: pick the next job in the rotation, fetch one target, record it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+from . import commit
+from .attempt import attempt
+from .context import Context
+from .hooks import call_hook
+from .model import Target
+from .rotation import LiveJob
+from .state import State
+
+__all__ = ["work"]
+
+log = logging.getLogger("batch")
+
+C = TypeVar("C")
+
+
+def work(s: State[C], fetch: Callable[[Context, C, Target], object]) -> None:
+    """One worker thread: until the runner closes, pick a job, fetch its next
+    target, and hand the outcome to the group commit.
+
+    Only the worker running a job moves its ``next``, so its target is read
+    outside the lock. ``attempt`` never raises, whatever the fetch does;
+    should the library's own bookkeeping raise all the same, the job in
+    hand is released (not left running) before the thread ends, and
+    ``Runner.statistics().workers`` shows one fewer.
+    """
+    job: LiveJob[C] | None = None
+    try:
+        with s.lock:
+            job = pick(s)
+        while job is not None:
+            outcome = attempt(fetch, s.ctx, job.caller, job.targets[job.next])
+            with s.lock:
+                s.inflight -= 1
+                call_hook(s.hooks.inflight, s.inflight)
+                s.finished.append((job, outcome))
+                # Let go of the turn before waiting for the next one: a job
+                # that leaves the rotation must not keep its caller alive here.
+                job = None
+                if not s.writing:
+                    commit.record(s)
+                job = pick(s)
+    except BaseException:
+        log.critical("a batch worker thread ended on an error of the runner's own", exc_info=True)
+        if job is not None:
+            with s.lock:
+                if job.running:
+                    s.settle(job)
+        raise
+
+
+def pick(s: State[C]) -> LiveJob[C] | None:
+    """Wait for a job that can start a target and mark it in flight; None
+    once the runner is closed. Called with the lock held."""
+    while not s.closed:
+        now = s.clock.monotonic()
+        job = None if now >= s.valid_until else s.rotation.pick(now)
+        if job is None:
+            # One timed wait on the earliest retry, not a timer per retry;
+            # past valid_until, only a renewal (which notifies) helps.
+            s.idle += 1
+            try:
+                s.wait(s.work, None if now >= s.valid_until else s.rotation.next_retry_in(now))
+            finally:
+                s.idle -= 1
+            continue
+        if not job.started:
+            job.started = True
+            if not s.starting:
+                s.starting_since = now
+                s.chores.notify()
+            s.starting.append(job)
+        job.running = True
+        s.inflight += 1
+        call_hook(s.hooks.inflight, s.inflight)
+        return job
+    return None

@@ -1,0 +1,205 @@
+"""Who runs which batch job: runners, the leases they hold, and take-over.
+
+A live job is held by at most one runner at a time, through a lease: the
+owner's id, an expiry by the store's clock, and a fencing token bumped
+whenever the job changes owner. The owner renews all its leases in one
+statement per beat; every write it makes for a job names the owner and
+token (``jobs.Lease``), and the store refuses it once the job has another.
+
+Guarantees (the numbered steps of ``docs/concurrency.md`` say why each is
+safe):
+
+1. A lease is taken only once it lapsed (or its owner closed, or its
+   process is gone on this host), and taking it bumps the token: the old
+   owner's writes for that job are refused from then on.
+2. Lapse is counted in time the store could be written: a beat that finds
+   the previous beat (by any runner) further back than half a lease knows
+   every runner was blocked meanwhile, and adds that time to every lease.
+   A stall that blocked every runner costs no live runner its jobs.
+3. A job no runner holds (``lease_owner`` NULL: waiting for room, or left
+   by a runner that closed) is taken in submit order.
+
+Functions take an open transaction's connection and run inside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+from dataclasses import dataclass
+
+from . import jobs
+from .jobs import JobRow
+
+__all__ = ["HOST", "Beat", "beat", "halted", "pid_alive", "register", "retire"]
+
+#: This machine's name, as runners record it.
+HOST = socket.gethostname()
+
+#: The most jobs of gone runners one beat ends or takes without room.
+ORPHANS_PER_BEAT = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """What one beat found. ``held``: the live jobs the runner still holds,
+    by id, with their token (renewed now); ``ended``: jobs it held that are
+    terminal now (cancelled through another runner; their lease released);
+    ``taken``: jobs leased to it by this beat, oldest first, with their new
+    token: to run, or to end if it cannot."""
+
+    held: dict[str, int]
+    ended: frozenset[str]
+    taken: list[tuple[JobRow, int]]
+
+
+def register(conn: sqlite3.Connection, runner_id: str, now: float) -> None:
+    """Record a new runner of this process, alive as of ``now``."""
+    conn.execute(
+        "INSERT INTO runners (id, host, pid, started_at, heartbeat_at) VALUES (?, ?, ?, ?, ?)",
+        (runner_id, HOST, os.getpid(), now, now),
+    )
+
+
+def retire(conn: sqlite3.Connection, runner_id: str) -> None:
+    """The runner closed: it holds no lease any more, so the next runner with
+    room takes its live jobs at once."""
+    conn.execute("UPDATE runners SET closed = 1 WHERE id = ?", (runner_id,))
+    conn.execute("UPDATE jobs SET lease_owner = NULL WHERE lease_owner = ?", (runner_id,))
+
+
+def beat(
+    conn: sqlite3.Connection,
+    runner_id: str,
+    now: float,
+    lapse: float,
+    *,
+    room: int | None,
+    foreign: bool,
+) -> Beat:
+    """One beat of ``runner_id``: give back to every lease the time the store
+    could not be written, renew the runner's leases for ``lapse`` seconds,
+    and take jobs.
+
+    It takes, in submit order, live jobs no live runner holds: at most
+    ``room`` (None: no limit) of those it can run (any, if ``foreign``: it
+    can resume other callers' jobs; else only those submitted through it),
+    and, unless ``foreign``, up to ``ORPHANS_PER_BEAT`` of those whose
+    submitting runner is gone, which it can only end.
+    """
+    _give_back_stall(conn, now, lapse)
+    conn.execute("UPDATE runners SET heartbeat_at = ? WHERE id = ?", (now, runner_id))
+    held: dict[str, int] = {}
+    ended: set[str] = set()
+    # The one renewal statement: every lease of the runner, live or not; a
+    # terminal job's lease is released.
+    for job_id, token, status in conn.execute(
+        "UPDATE jobs SET lease_until = ?,"
+        " lease_owner = CASE WHEN status IN ('queued', 'running') THEN lease_owner END"
+        " WHERE lease_owner = ? RETURNING id, lease_token, status",
+        (now + lapse, runner_id),
+    ):
+        if status in ("queued", "running"):
+            held[job_id] = token
+        else:
+            ended.add(job_id)
+    gone = json.dumps(_gone(conn, runner_id, now, lapse))
+    free = (
+        "(lease_owner IS NULL OR lease_until < ?"
+        " OR lease_owner IN (SELECT value FROM json_each(?)))"
+    )
+    ids: list[str] = []
+    if room is None or room > 0:
+        home = "" if foreign else " AND runner_id = ?"
+        ids += _ids(
+            conn,
+            f"{free}{home}",
+            (now, gone, *(() if foreign else (runner_id,))),
+            -1 if room is None else room,
+        )
+    if not foreign:
+        ids += _ids(
+            conn,
+            f"{free} AND (runner_id IS NULL OR runner_id IN (SELECT value FROM json_each(?)))",
+            (now, gone, gone),
+            ORPHANS_PER_BEAT,
+        )
+    return Beat(held, frozenset(ended), _lease(conn, runner_id, ids, now + lapse))
+
+
+def halted(conn: sqlite3.Connection, runner_id: str) -> list[str]:
+    """Ids of the jobs leased to ``runner_id`` that are terminal already."""
+    return [
+        job_id
+        for (job_id,) in conn.execute(
+            "SELECT id FROM jobs WHERE lease_owner = ? AND status NOT IN ('queued', 'running')",
+            (runner_id,),
+        )
+    ]
+
+
+def _give_back_stall(conn: sqlite3.Connection, now: float, lapse: float) -> None:
+    """Add to every lease the time since the last beat, if that is more than
+    half a lease: no runner could beat meanwhile (runners beat three times a
+    lease), so the store could not be written (guarantee 2)."""
+    (last,) = conn.execute("SELECT beat_at FROM lease_clock").fetchone()
+    gap = now - last
+    if last and gap > lapse / 2:
+        conn.execute(
+            "UPDATE jobs SET lease_until = lease_until + ? WHERE lease_owner IS NOT NULL", (gap,)
+        )
+        conn.execute("UPDATE runners SET heartbeat_at = heartbeat_at + ? WHERE closed = 0", (gap,))
+    conn.execute("UPDATE lease_clock SET beat_at = ?", (now,))
+
+
+def _gone(conn: sqlite3.Connection, runner_id: str, now: float, lapse: float) -> list[str]:
+    """The runners other than ``runner_id`` that are gone: closed, silent for
+    over ``lapse`` seconds, or whose process has exited on this host."""
+    return [
+        other
+        for other, host, pid, heartbeat_at, closed in conn.execute(
+            "SELECT id, host, pid, heartbeat_at, closed FROM runners WHERE id != ?", (runner_id,)
+        )
+        if closed or heartbeat_at < now - lapse or (host == HOST and not pid_alive(pid))
+    ]
+
+
+def _ids(conn: sqlite3.Connection, where: str, args: tuple[object, ...], limit: int) -> list[str]:
+    """Ids of live jobs matching ``where``, in submit order, at most ``limit``."""
+    return [
+        job_id
+        for (job_id,) in conn.execute(
+            f"SELECT id FROM jobs WHERE status IN ('queued', 'running') AND {where}"
+            " ORDER BY seq LIMIT ?",
+            (*args, limit),
+        )
+    ]
+
+
+def _lease(
+    conn: sqlite3.Connection, runner_id: str, ids: list[str], until: float
+) -> list[tuple[JobRow, int]]:
+    """Lease these jobs to ``runner_id`` until ``until``, with a new token
+    each; return them, oldest first, with that token."""
+    tokens = dict(
+        conn.execute(
+            "UPDATE jobs SET lease_owner = ?, lease_token = lease_token + 1, lease_until = ?"
+            " WHERE id = ? RETURNING id, lease_token",
+            (runner_id, until, job_id),
+        ).fetchone()
+        for job_id in ids
+    )
+    return [(row, tokens[row.id]) for row in jobs.load_jobs(conn, list(tokens))]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, under another user
+    return True
