@@ -79,10 +79,11 @@ def attempt(
     try:
         return _attempt(fetch, ctx, caller, target, start)
     except BaseException as exc:  # noqa: BLE001 - a worker survives whatever a fetch does
-        try:
-            log.error("fetch of %r failed; stored as %r", target.ref, INTERNAL_ERROR, exc_info=exc)
-        except BaseException:  # noqa: BLE001 - not even a broken log handler ends a worker
-            pass
+        # Not even a broken log handler ends a worker.
+        with contextlib.suppress(BaseException):
+            log.error(  # noqa: TRY400 - the exception logged is exc, not the one handled
+                "fetch of %r failed; stored as %r", target.ref, INTERNAL_ERROR, exc_info=exc
+            )
         return Outcome("failed", time.monotonic() - start, error=INTERNAL_ERROR, err=exc)
 
 

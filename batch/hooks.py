@@ -47,7 +47,5 @@ def call_hook(hook: Callable[[*Ts], object], *args: *Ts) -> None:
     try:
         hook(*args)
     except BaseException:  # noqa: BLE001
-        try:
+        with contextlib.suppress(BaseException):  # nor does a broken log handler
             log.exception("hook %s raised; ignored", getattr(hook, "__qualname__", hook))
-        except BaseException:  # noqa: BLE001 - nor does a broken log handler
-            pass
