@@ -78,7 +78,7 @@ def attempt(
     start = time.monotonic()
     try:
         return _attempt(fetch, ctx, caller, target, start)
-    except BaseException as exc:  # noqa: BLE001 - a worker survives whatever a fetch does
+    except BaseException as exc:
         # Not even a broken log handler ends a worker.
         with contextlib.suppress(BaseException):
             log.error(  # noqa: TRY400 - the exception logged is exc, not the one handled

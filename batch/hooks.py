@@ -46,6 +46,6 @@ def call_hook(hook: Callable[[*Ts], object], *args: *Ts) -> None:
     ``BaseException`` included (a hook never ends a runner's thread)."""
     try:
         hook(*args)
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         with contextlib.suppress(BaseException):  # nor does a broken log handler
             log.exception("hook %s raised; ignored", getattr(hook, "__qualname__", hook))
