@@ -40,6 +40,26 @@ class Clock:
         self.now += seconds
 
 
+class StepClock:
+    """A ``batch.clock.Clock`` the test steps: ``monotonic()`` moves only by
+    :meth:`tick`. Its waits return within a few milliseconds of real time
+    (the runner loops on its predicates), so nothing waits on this clock
+    for longer than the test takes to step it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wait(self, cond: threading.Condition, timeout: float | None) -> None:
+        if timeout is None or timeout > 0:
+            cond.wait(0.002)
+
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def raising(exc: BaseException) -> Callable[[batch.Context, int], Any]:
     """An answer for ``Script.on`` that raises ``exc`` every time."""
 
