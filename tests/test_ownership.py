@@ -298,7 +298,7 @@ def test_jobs_waiting_for_room_go_to_a_runner_with_room(db: store.Store) -> None
             seen.append(target.ref)
             return target.ref
 
-        config = batch.Config(workers=1, resume=lambda cid: batch.Caller(cid))
+        config = batch.Config(workers=1, resume=batch.Caller)
         with batch.Runner(db, fetch, config) as roomy:
             assert [roomy.wait(ALICE, i, TIMEOUT).status for i in waiting] == ["done"] * 3
         script.release("busy")
