@@ -78,11 +78,32 @@ class Lease:
     token: int
 
 
-#: A write conditioned on a lease: ``(job id, owner, token)`` bound as the
-#: last three parameters; a NULL owner (no lease given) writes unconditioned.
-_FENCED = (
-    " AND (?{o} IS NULL OR EXISTS (SELECT 1 FROM jobs WHERE id = ?{j}"
-    " AND lease_owner = ?{o} AND lease_token = ?{t}))"
+def _fenced(j: int, o: int, t: int) -> str:
+    """The condition of a write made under a lease: the job (parameter
+    ``j``) is held by owner ``o`` with token ``t``; a NULL owner (no lease
+    given) writes unconditioned."""
+    return (
+        f" AND (?{o} IS NULL OR EXISTS (SELECT 1 FROM jobs WHERE id = ?{j}"
+        f" AND lease_owner = ?{o} AND lease_token = ?{t}))"
+    )
+
+
+# The statements that run once per target or job, made once.
+_STORE_TARGET = (
+    "UPDATE targets SET status = ?1, result = ?2, error = ?3, hint = ?4"
+    " WHERE job_id = ?5 AND pos = ?6 AND status = 'pending'" + _fenced(5, 7, 8)
+)
+_START_JOB = (
+    "UPDATE jobs SET status = 'running', updated_at = ?1"
+    " WHERE id = ?2 AND status = 'queued'" + _fenced(2, 3, 4)
+)
+_END_JOB = (
+    "UPDATE jobs SET status = ?1, updated_at = ?2, touched_at = ?2, lease_owner = NULL"
+    " WHERE id = ?3 AND status IN ('queued', 'running')" + _fenced(3, 4, 5)
+)
+_MOVE_JOB = (
+    "UPDATE jobs SET status = ?1, updated_at = ?2"
+    " WHERE id = ?3 AND status IN ('queued', 'running')" + _fenced(3, 4, 5)
 )
 
 
@@ -193,19 +214,12 @@ def set_job_status(
     ``running`` or ``done`` never overwrites ``cancelled``).
     """
     if status in TERMINAL_JOB:
-        sql = (
-            "UPDATE jobs SET status = ?1, updated_at = ?2, touched_at = ?2, lease_owner = NULL"
-            " WHERE id = ?3"
-        )
+        sql = _END_JOB
     elif status in LIVE_JOB:
-        sql = "UPDATE jobs SET status = ?1, updated_at = ?2 WHERE id = ?3"
+        sql = _MOVE_JOB
     else:
         raise ValueError(f"unknown job status {status!r}")
-    cur = conn.execute(
-        sql + " AND status IN ('queued', 'running')" + _FENCED.format(j=3, o=4, t=5),
-        (status, now, job_id, *_fence(lease)),
-    )
-    return cur.rowcount == 1
+    return conn.execute(sql, (status, now, job_id, *_fence(lease))).rowcount == 1
 
 
 def cancel_job(conn: sqlite3.Connection, job_id: str, owner: str, now: float) -> bool:
@@ -243,23 +257,31 @@ def store_targets(
     added = 0
     for i, o in enumerate(outcomes):
         cur = conn.execute(
-            "UPDATE targets SET status = ?1, result = ?2, error = ?3, hint = ?4"
-            " WHERE job_id = ?5 AND pos = ?6 AND status = 'pending'"
-            + _FENCED.format(j=5, o=7, t=8),
+            _STORE_TARGET,
             (o.status, o.result, o.error, o.hint, o.job_id, o.pos, *_fence(o.lease)),
         )
         if cur.rowcount != 1:
             refused[i] = _refusal(conn, o)
             continue
-        (status,) = conn.execute(
-            "UPDATE jobs SET nbytes = nbytes + ?, updated_at = ? WHERE id = ? RETURNING status",
+        conn.execute(
+            "UPDATE jobs SET nbytes = nbytes + ?, updated_at = ? WHERE id = ?",
             (o.nbytes, now, o.job_id),
-        ).fetchone()
-        if status not in LIVE_JOB:
-            cancelled.add(i)
+        )
         added += o.nbytes
     if added:
         conn.execute("UPDATE job_bytes SET total = total + ?", (added,))
+    stored = {o.job_id for i, o in enumerate(outcomes) if i not in refused}
+    if stored:
+        # One look for the lot: which of these jobs were cancelled meanwhile.
+        ended = {
+            job_id
+            for (job_id,) in conn.execute(
+                "SELECT id FROM jobs WHERE status NOT IN ('queued', 'running')"
+                f" AND id IN ({', '.join('?' * len(stored))})",
+                tuple(stored),
+            )
+        }
+        cancelled = {i for i, o in enumerate(outcomes) if i not in refused and o.job_id in ended}
     return refused, frozenset(cancelled)
 
 
@@ -280,11 +302,8 @@ def start_jobs(
 ) -> None:
     """Move these jobs from ``queued`` to ``running``, each only while held
     with its lease (if given); those in another status stay as they are."""
-    conn.executemany(
-        "UPDATE jobs SET status = 'running', updated_at = ?1"
-        " WHERE id = ?2 AND status = 'queued'" + _FENCED.format(j=2, o=3, t=4),
-        ((now, job_id, *_fence(lease)) for job_id, lease in starting),
-    )
+    if starting:  # executemany costs a statement's preparation even for none
+        conn.executemany(_START_JOB, [(now, job_id, *_fence(lease)) for job_id, lease in starting])
 
 
 def end_jobs(
