@@ -89,9 +89,13 @@ def _fenced(j: int, o: int, t: int) -> str:
 
 
 # The statements that run once per target or job, made once.
+_ADD_BYTES = (
+    "UPDATE jobs SET nbytes = nbytes + ?1, updated_at = ?2"
+    " WHERE id = ?3 AND (?4 IS NULL OR (lease_owner = ?4 AND lease_token = ?5))"
+)
 _STORE_TARGET = (
     "UPDATE targets SET status = ?1, result = ?2, error = ?3, hint = ?4"
-    " WHERE job_id = ?5 AND pos = ?6 AND status = 'pending'" + _fenced(5, 7, 8)
+    " WHERE job_id = ?5 AND pos = ?6 AND status = 'pending'"
 )
 _START_JOB = (
     "UPDATE jobs SET status = 'running', updated_at = ?1"
@@ -256,18 +260,23 @@ def store_targets(
     cancelled: set[int] = set()
     added = 0
     for i, o in enumerate(outcomes):
-        cur = conn.execute(
-            _STORE_TARGET,
-            (o.status, o.result, o.error, o.hint, o.job_id, o.pos, *_fence(o.lease)),
-        )
-        if cur.rowcount != 1:
+        # The job's row first: one statement checks the lease and counts
+        # the bytes (a subquery per target would cost more).
+        owner, token = (None, None) if o.lease is None else (o.lease.owner, o.lease.token)
+        nbytes = o.nbytes
+        if conn.execute(_ADD_BYTES, (nbytes, now, o.job_id, owner, token)).rowcount != 1:
             refused[i] = _refusal(conn, o)
             continue
-        conn.execute(
-            "UPDATE jobs SET nbytes = nbytes + ?, updated_at = ? WHERE id = ?",
-            (o.nbytes, now, o.job_id),
-        )
-        added += o.nbytes
+        if (
+            conn.execute(
+                _STORE_TARGET, (o.status, o.result, o.error, o.hint, o.job_id, o.pos)
+            ).rowcount
+            != 1
+        ):
+            conn.execute("UPDATE jobs SET nbytes = nbytes - ? WHERE id = ?", (nbytes, o.job_id))
+            refused[i] = Conflict(f"target {o.pos} of job {o.job_id!r} is not pending")
+            continue
+        added += nbytes
     if added:
         conn.execute("UPDATE job_bytes SET total = total + ?", (added,))
     stored = {o.job_id for i, o in enumerate(outcomes) if i not in refused}
@@ -286,15 +295,11 @@ def store_targets(
 
 
 def _refusal(conn: sqlite3.Connection, o: TargetOutcome) -> NotFound | Conflict:
-    """Why ``o`` was not stored."""
-    row = conn.execute(
-        "SELECT lease_owner, lease_token FROM jobs WHERE id = ?", (o.job_id,)
-    ).fetchone()
-    if row is None:
+    """Why the job of ``o`` refused it: gone, or held by another."""
+    if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (o.job_id,)).fetchone() is None:
         return NotFound(f"no job {o.job_id!r}")
-    if o.lease is not None and (o.lease.owner, o.lease.token) != tuple(row):
-        return Conflict(f"job {o.job_id!r} is no longer leased to runner {o.lease.owner}")
-    return Conflict(f"target {o.pos} of job {o.job_id!r} is not pending")
+    owner = None if o.lease is None else o.lease.owner
+    return Conflict(f"job {o.job_id!r} is no longer leased to runner {owner}")
 
 
 def start_jobs(
