@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from store.schema import LIVE_JOB
+
 from .errors import InvalidJob
 
 __all__ = [
@@ -113,7 +115,7 @@ class Job:
     @property
     def terminal(self) -> bool:
         """True once the status can no longer change."""
-        return self.status not in ("queued", "running")
+        return self.status not in LIVE_JOB
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import Generic, TypeVar
 
 import store
+from store.schema import LIVE_JOB
 
 from . import keeper, worker
 from .clock import SYSTEM, Clock
@@ -282,7 +283,7 @@ class Runner(Generic[C]):
                         status = s.store.job_status(job_id, owner)
                     if status is None:
                         raise JobNotFound(f"no job {job_id!r}")
-                    if status not in ("queued", "running"):
+                    if status not in LIVE_JOB:
                         break
                     if s.rotation.get(job_id) is not None:
                         continue  # taken by this runner meanwhile

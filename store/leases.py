@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from . import jobs
 from .jobs import JobRow
+from .schema import LIVE_JOB
 
 __all__ = ["HOST", "Beat", "beat", "halted", "pid_alive", "register", "retire"]
 
@@ -101,7 +102,7 @@ def beat(
         " WHERE lease_owner = ? RETURNING id, lease_token, status",
         (now + lapse, runner_id),
     ):
-        if status in ("queued", "running"):
+        if status in LIVE_JOB:
             held[job_id] = token
         else:
             ended.add(job_id)
