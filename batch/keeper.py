@@ -31,6 +31,9 @@ START_DELAY = 0.02
 #: another process (one of this process tells it at once).
 CANCEL_POLL = 0.1
 
+#: Seconds before a beat the store refused is tried again (at most).
+RETRY_BEAT = 0.5
+
 #: The hint stored with a target left pending by a runner that is gone.
 INTERRUPTED_HINT = (
     "the runner stopped before fetching this target; submit it again,"
@@ -54,8 +57,10 @@ def keep(s: State[C], resume: Resume) -> None:
             if s.starting and now >= s.starting_since + START_DELAY:
                 _store_starting(s)
             elif now >= next_beat or s.want_room:
-                beat(s, resume)
-                next_beat = s.clock.monotonic() + interval
+                # A beat the store refused is tried again soon: the gap a
+                # stall leaves must be seen by the first beat after it.
+                again = interval if beat(s, resume) else min(interval, RETRY_BEAT)
+                next_beat = s.clock.monotonic() + again
             elif now >= next_poll and len(s.rotation):
                 _poll_cancels(s)
                 next_poll = s.clock.monotonic() + CANCEL_POLL
@@ -96,7 +101,7 @@ def _poll_cancels(s: State[C]) -> None:
             s.halt(job)
 
 
-def beat(s: State[C], resume: Resume) -> None:
+def beat(s: State[C], resume: Resume) -> bool:
     """Renew this runner's leases and take the jobs it can; called with the
     lock held (released while the store works).
 
@@ -106,22 +111,24 @@ def beat(s: State[C], resume: Resume) -> None:
     submitted meanwhile may have been stored after the renewal, and one in
     flight may have been ended by this runner's own commit meanwhile (which
     releases the lease); should its lease be lost, the store refuses its
-    outcome, which halts it.
+    outcome, which halts it. Returns whether the store answered.
     """
     lapse = s.config.takeover_after
     started = s.clock.monotonic()
     known = {job.id for job in s.rotation}
-    most = s.config.max_live
-    room = None if most is None else max(0, most - len(s.rotation))
+    room = s.room()
     s.want_room = False
+    s.reserved += room or 0
     try:
         with unlocked(s.lock):
             got = s.store.beat_runner(s.id, lapse, room=room, foreign=resume is not None)
     except store.StoreError:
         log.warning("cannot renew the leases of runner %s; trying again", s.id, exc_info=True)
-        return
+        return False
+    finally:
+        s.reserved -= room or 0
     if s.closed:
-        return  # what it took is released when the runner retires
+        return True  # what it took is released when the runner retires
     s.valid_until = started + lapse
     s.wake_workers()
     for job in s.rotation:
@@ -134,6 +141,7 @@ def beat(s: State[C], resume: Resume) -> None:
             s.halt(job, lost=True)
     for row, token in got.taken:
         _adopt(s, row, store.Lease(s.id, token), resume)
+    return True
 
 
 def _adopt(s: State[C], row: store.JobRow, lease: store.Lease, resume: Resume) -> None:

@@ -135,6 +135,8 @@ class Rotation(Generic[C]):
         """Take a job out; the cursor stays where it is. The last one out
         drops the entries left behind by cancelled jobs, and the room the
         rotation grew to."""
+        if self._by_id.get(job.id) is not job:
+            return  # taken back since, under a new lease: that one stays
         del self._by_id[job.id]
         if not self._by_id:
             # New containers, not cleared ones: a dict or list keeps the room

@@ -127,12 +127,14 @@ class Runner(Generic[C]):
         if s.closed:  # read without the lock: close() only ever sets it
             raise RunnerClosed("the runner is closed; submit to a new Runner")
         lapse = s.config.takeover_after
-        most = s.config.max_live
         with s.lock:
-            # Room is decided under the lock, and kept for this job by
-            # counting it waiting until it joins.
-            room = most is None or len(s.rotation) < most
-            if not room:
+            # Room is decided under the lock and kept for this job until it
+            # joins (reserved); a job with none waits, its caller kept.
+            free = s.room()
+            room = free is None or free > 0
+            if room:
+                s.reserved += free is not None
+            else:
                 held = s.waiting.get(owner)
                 s.waiting[owner] = (caller, 1 + (held[1] if held else 0))
         # Stored without the lock (workers go on meanwhile): a new job is no
@@ -148,12 +150,16 @@ class Runner(Generic[C]):
                 lease_for=lapse if room else None,
             )
         except BaseException:
-            if not room:
-                with s.lock:
+            with s.lock:
+                if not room:
                     self._forget_waiting(owner)
+                elif s.config.max_live is not None:
+                    s.reserved -= 1
             raise
         if room:
             with s.lock:
+                if s.config.max_live is not None:
+                    s.reserved -= 1
                 s.add(
                     LiveJob(
                         job_id,

@@ -97,6 +97,9 @@ class State(Generic[C]):
         # by caller id, with how many such jobs each has.
         self.waiting: dict[str, tuple[C, int]] = {}
         self.want_room = False  # room freed while jobs may wait: beat soon
+        # Places in the rotation promised (to a submit storing its job, to a
+        # beat taking jobs) and not yet filled: Config.max_live counts them.
+        self.reserved = 0
         self.valid_until = clock.monotonic() + config.takeover_after
         self.closed = False
         self.stopping = False  # the workers are joined: the keeper retires
@@ -136,6 +139,11 @@ class State(Generic[C]):
                 self.done.notify_all()
         else:
             self.settle(job)
+
+    def room(self) -> int | None:
+        """How many more jobs may join the rotation (None: no limit)."""
+        most = self.config.max_live
+        return None if most is None else max(0, most - len(self.rotation) - self.reserved)
 
     def wake_worker(self) -> None:
         """Notify one idle worker, if any: one job may start (or its retry

@@ -303,3 +303,25 @@ def test_jobs_waiting_for_room_go_to_a_runner_with_room(db: store.Store) -> None
             assert [roomy.wait(ALICE, i, TIMEOUT).status for i in waiting] == ["done"] * 3
         script.release("busy")
     assert seen == ["w0", "w1", "w2"]
+
+
+def test_max_live_holds_under_concurrent_submits(db: store.Store) -> None:
+    """Room is promised under the lock: eight threads submitting at once to a
+    runner with max_live=1 never make it hold two jobs."""
+    hooks = Recorder()
+    start = threading.Barrier(8, timeout=TIMEOUT)
+    ids: list[str] = []
+
+    with batch.Runner(db, Script(), batch.Config(workers=2, max_live=1), hooks) as r:
+
+        def submit() -> None:
+            start.wait()
+            ids.append(r.submit(ALICE, ["a", "b"]))
+
+        threads = [threading.Thread(target=submit) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+        assert [r.wait(ALICE, i, TIMEOUT).status for i in ids] == ["done"] * 8
+    assert max(hooks.depths) == 1
