@@ -175,8 +175,14 @@ def test_jobs_of_a_killed_process_are_taken_over_at_once(tmp_path: Path) -> None
         with store.open(path) as db:
             with batch.Runner(db, Script(), config) as bystander:
                 assert bystander.statistics().live == 0
-                # Both live (nothing stored yet: t1 of the first is in flight).
-                assert [bystander.status(ALICE, i).status for i in ids] == ["queued", "queued"]
+                # Both live, nothing stored yet: t1 of the first is in
+                # flight, so that job shows running within 0.1 s.
+                assert within(
+                    0.1,
+                    lambda: (
+                        [bystander.status(ALICE, i).status for i in ids] == ["running", "queued"]
+                    ),
+                )
             child.send_signal(signal.SIGKILL)
             child.wait(TIMEOUT)
             with batch.Runner(db, Script(), config) as heir:
