@@ -107,11 +107,11 @@ def beat(s: State[C], resume: Resume) -> bool:
 
     Jobs the store no longer leases to this runner are halted (their lease
     lapsed and another runner took them); jobs cancelled elsewhere too. Only
-    jobs known before the beat and not in flight now are judged by it: one
-    submitted meanwhile may have been stored after the renewal, and one in
-    flight may have been ended by this runner's own commit meanwhile (which
-    releases the lease); should its lease be lost, the store refuses its
-    outcome, which halts it. Returns whether the store answered.
+    jobs known before the beat are judged by it: one submitted meanwhile may
+    have been stored after the renewal. A job in flight that is not renewed
+    is halted too: either this runner's own commit ended it meanwhile (and
+    released its lease), or it is lost; either way no further target of it
+    may start here. Returns whether the store answered.
     """
     lapse = s.config.takeover_after
     started = s.clock.monotonic()
@@ -132,12 +132,18 @@ def beat(s: State[C], resume: Resume) -> bool:
     s.valid_until = started + lapse
     s.wake_workers()
     for job in s.rotation:
-        if job.id not in known or job.running:
+        if job.id not in known or job.lost:
             continue
         if job.id in got.ended:
             s.halt(job)
-        elif job.id not in got.held and not job.lost:
-            log.warning("runner %s lost the lease of job %s to another runner", s.id, job.id)
+        elif job.id not in got.held:
+            if job.running:
+                # Its outcome may be in a commit of this runner's that ended
+                # it (and released the lease), or it is lost: either way
+                # nothing more of it starts here.
+                log.info("job %s: lease not renewed while in flight; it stops here", job.id)
+            else:
+                log.warning("runner %s lost the lease of job %s to another runner", s.id, job.id)
             s.halt(job, lost=True)
     for row, token in got.taken:
         _adopt(s, row, store.Lease(s.id, token), resume)
