@@ -116,12 +116,15 @@ def beat(s: State[C], resume: Resume) -> bool:
     lapse = s.config.takeover_after
     started = s.clock.monotonic()
     known = {job.id for job in s.rotation}
+    in_flight = [job.id for job in s.rotation if job.running]
     room = s.room()
     s.want_room = False
     s.reserved += room or 0
     try:
         with unlocked(s.lock):
-            got = s.store.beat_runner(s.id, lapse, room=room, foreign=resume is not None)
+            got = s.store.beat_runner(
+                s.id, lapse, room=room, foreign=resume is not None, keep=in_flight
+            )
     except store.StoreError:
         log.warning("cannot renew the leases of runner %s; trying again", s.id, exc_info=True)
         return False

@@ -28,6 +28,7 @@ import json
 import os
 import socket
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import jobs
@@ -79,6 +80,7 @@ def beat(
     *,
     room: int | None,
     foreign: bool,
+    keep: Sequence[str] = (),
 ) -> Beat:
     """One beat of ``runner_id``: give back to every lease the time the store
     could not be written, renew the runner's leases for ``lapse`` seconds,
@@ -88,19 +90,22 @@ def beat(
     ``room`` (None: no limit) of those it can run (any, if ``foreign``: it
     can resume other callers' jobs; else only those submitted through it),
     and, unless ``foreign``, up to ``ORPHANS_PER_BEAT`` of those whose
-    submitting runner is gone, which it can only end.
+    submitting runner is gone, which it can only end. The lease of a job
+    that is terminal is released, but for the jobs in ``keep`` (a target of
+    them is in flight: its outcome is still to be stored under the lease).
     """
     _give_back_stall(conn, now, lapse)
     conn.execute("UPDATE runners SET heartbeat_at = ? WHERE id = ?", (now, runner_id))
     held: dict[str, int] = {}
     ended: set[str] = set()
     # The one renewal statement: every lease of the runner, live or not; a
-    # terminal job's lease is released.
+    # terminal job's lease is released unless kept.
     for job_id, token, status in conn.execute(
         "UPDATE jobs SET lease_until = ?,"
-        " lease_owner = CASE WHEN status IN ('queued', 'running') THEN lease_owner END"
+        " lease_owner = CASE WHEN status IN ('queued', 'running')"
+        " OR id IN (SELECT value FROM json_each(?)) THEN lease_owner END"
         " WHERE lease_owner = ? RETURNING id, lease_token, status",
-        (now + lapse, runner_id),
+        (now + lapse, json.dumps(list(keep)), runner_id),
     ):
         if status in LIVE_JOB:
             held[job_id] = token

@@ -187,12 +187,20 @@ class Store:
             leases.register(conn, runner_id, time.time())
 
     def beat_runner(
-        self, runner_id: str, lapse: float, *, room: int | None = None, foreign: bool = False
+        self,
+        runner_id: str,
+        lapse: float,
+        *,
+        room: int | None = None,
+        foreign: bool = False,
+        keep: Sequence[str] = (),
     ) -> Beat:
         """One beat of the runner: renew its leases for ``lapse`` seconds and
         take jobs no live runner holds (see ``leases.beat``)."""
         with self._db.transaction() as conn:
-            return leases.beat(conn, runner_id, time.time(), lapse, room=room, foreign=foreign)
+            return leases.beat(
+                conn, runner_id, time.time(), lapse, room=room, foreign=foreign, keep=keep
+            )
 
     def halted_jobs(self, runner_id: str) -> list[str]:
         """Ids of the jobs leased to the runner that are terminal already
