@@ -75,7 +75,7 @@ class Runner(Generic[C]):
         config: Config | None = None,
         hooks: Hooks | None = None,
         *,
-        clock: Clock = SYSTEM,
+        clock: Clock | None = None,
     ) -> None:
         if not isinstance(db, store.Store):
             raise TypeError(f"db must be a store.Store, not {type(db).__name__}")
@@ -87,7 +87,9 @@ class Runner(Generic[C]):
             raise TypeError(f"config must be a batch.Config, not {type(config).__name__}")
         if not isinstance(hooks, Hooks):
             raise TypeError(f"hooks must be a batch.Hooks, not {type(hooks).__name__}")
-        self._s: State[C] = State(db, config, hooks, clock, uuid.uuid4().hex)
+        self._s: State[C] = State(
+            db, config, hooks, SYSTEM if clock is None else clock, uuid.uuid4().hex
+        )
         s = self._s
         db.register_runner(s.id)
         with s.lock:
