@@ -120,6 +120,7 @@ def beat(s: State[C], resume: Resume) -> bool:
     room = s.room()
     s.want_room = False
     s.reserved += room or 0
+    s.cancelled_in_beat = set()
     try:
         with unlocked(s.lock):
             got = s.store.beat_runner(
@@ -130,6 +131,7 @@ def beat(s: State[C], resume: Resume) -> bool:
         return False
     finally:
         s.reserved -= room or 0
+        cancelled, s.cancelled_in_beat = s.cancelled_in_beat, None
     if s.closed:
         return True  # what it took is released when the runner retires
     s.valid_until = started + lapse
@@ -149,13 +151,15 @@ def beat(s: State[C], resume: Resume) -> bool:
                 log.warning("runner %s lost the lease of job %s to another runner", s.id, job.id)
             s.halt(job, lost=True)
     for row, token in got.taken:
-        _adopt(s, row, store.Lease(s.id, token), resume)
+        adopted = _adopt(s, row, store.Lease(s.id, token), resume)
+        if adopted is not None and adopted.id in cancelled:
+            s.halt(adopted)
     return True
 
 
-def _adopt(s: State[C], row: store.JobRow, lease: store.Lease, resume: Resume) -> None:
-    """Run a job just leased to this runner, from its first pending target,
-    or end it ``interrupted`` if no caller can be had for it."""
+def _adopt(s: State[C], row: store.JobRow, lease: store.Lease, resume: Resume) -> LiveJob[C] | None:
+    """Run a job just leased to this runner, from its first pending target
+    (returns it), or end it ``interrupted`` if no caller can be had for it."""
     caller = _caller(s, row, resume)
     pending = [t.pos for t in row.targets if t.status == "pending"]
     age = max(0.0, time.time() - row.created_at)
@@ -165,14 +169,14 @@ def _adopt(s: State[C], row: store.JobRow, lease: store.Lease, resume: Resume) -
                 ended = s.store.interrupt_job(row.id, INTERRUPTED_HINT, lease)
         except store.StoreError:
             log.warning("cannot end job %s; it lapses for the next runner", row.id)
-            return
+            return None
         if ended is not None:
             status, count = ended
             for _ in range(count):
                 call_hook(s.hooks.target, TargetError("interrupted", INTERRUPTED_HINT), 0.0, 0)
             call_hook(s.hooks.job, status)
             call_hook(s.hooks.job_seconds, age)
-        return
+        return None
     job = LiveJob(
         row.id,
         row.owner,
@@ -186,6 +190,7 @@ def _adopt(s: State[C], row: store.JobRow, lease: store.Lease, resume: Resume) -
     job.done = sum(t.status == "done" for t in row.targets[: job.next])
     job.failed = job.next - job.done
     s.add(job)
+    return job
 
 
 def _caller(s: State[C], row: store.JobRow, resume: Resume) -> C | None:

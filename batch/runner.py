@@ -258,10 +258,11 @@ class Runner(Generic[C]):
             job = s.rotation.get(job_id)
             if job is not None:
                 s.halt(job)
-        if job is None:
-            for other in list(_OPEN):
-                if other is not s:
-                    other.cancelled_elsewhere(job_id)
+        # This runner may hold a stale copy of a job another has taken
+        # since: every runner of this process that holds it is told.
+        for other in list(_OPEN):
+            if other is not s:
+                other.cancelled_elsewhere(job_id)
         return True
 
     def wait(self, caller: C, job_id: str, timeout: float | None = None) -> Job:

@@ -100,6 +100,10 @@ class State(Generic[C]):
         # Places in the rotation promised (to a submit storing its job, to a
         # beat taking jobs) and not yet filled: Config.max_live counts them.
         self.reserved = 0
+        # While a beat is in the store (None otherwise): jobs cancelled by
+        # another runner of this process meanwhile, which that beat may have
+        # taken before the cancel and must not start.
+        self.cancelled_in_beat: set[str] | None = None
         self.valid_until = clock.monotonic() + config.takeover_after
         self.closed = False
         self.stopping = False  # the workers are joined: the keeper retires
@@ -164,6 +168,8 @@ class State(Generic[C]):
             job = self.rotation.get(job_id)
             if job is not None:
                 self.halt(job)
+            elif self.cancelled_in_beat is not None:
+                self.cancelled_in_beat.add(job_id)
 
     def wait(self, cond: threading.Condition, timeout: float | None) -> None:
         """Wait on ``cond`` (lock held) by the runner's clock."""
