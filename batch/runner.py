@@ -91,7 +91,7 @@ class Runner(Generic[C]):
             db, config, hooks, SYSTEM if clock is None else clock, uuid.uuid4().hex
         )
         s = self._s
-        db.register_runner(s.id)
+        db.register_runner(s.id, config.takeover_after)
         with s.lock:
             keeper.beat(s, config.resume)
         self._threads = [

@@ -57,11 +57,13 @@ class Beat:
     taken: list[tuple[JobRow, int]]
 
 
-def register(conn: sqlite3.Connection, runner_id: str, now: float) -> None:
-    """Record a new runner of this process, alive as of ``now``."""
+def register(conn: sqlite3.Connection, runner_id: str, now: float, lapse: float) -> None:
+    """Record a new runner of this process, alive as of ``now``, whose leases
+    last ``lapse`` seconds."""
     conn.execute(
-        "INSERT INTO runners (id, host, pid, started_at, heartbeat_at) VALUES (?, ?, ?, ?, ?)",
-        (runner_id, HOST, os.getpid(), now, now),
+        "INSERT INTO runners (id, host, pid, started_at, heartbeat_at, lapse)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (runner_id, HOST, os.getpid(), now, now, lapse),
     )
 
 
@@ -95,7 +97,9 @@ def beat(
     them is in flight: its outcome is still to be stored under the lease).
     """
     _give_back_stall(conn, now, lapse)
-    conn.execute("UPDATE runners SET heartbeat_at = ? WHERE id = ?", (now, runner_id))
+    conn.execute(
+        "UPDATE runners SET heartbeat_at = ?, lapse = ? WHERE id = ?", (now, lapse, runner_id)
+    )
     held: dict[str, int] = {}
     ended: set[str] = set()
     # The one renewal statement: every lease of the runner, live or not; a
@@ -111,7 +115,7 @@ def beat(
             held[job_id] = token
         else:
             ended.add(job_id)
-    gone = json.dumps(_gone(conn, runner_id, now, lapse))
+    gone = json.dumps(_gone(conn, runner_id, now))
     free = (
         "(lease_owner IS NULL OR lease_until < ?"
         " OR lease_owner IN (SELECT value FROM json_each(?)))"
@@ -160,13 +164,14 @@ def _give_back_stall(conn: sqlite3.Connection, now: float, lapse: float) -> None
     conn.execute("UPDATE lease_clock SET beat_at = ?", (now,))
 
 
-def _gone(conn: sqlite3.Connection, runner_id: str, now: float, lapse: float) -> list[str]:
+def _gone(conn: sqlite3.Connection, runner_id: str, now: float) -> list[str]:
     """The runners other than ``runner_id`` that are gone: closed, silent for
-    over ``lapse`` seconds, or whose process has exited on this host."""
+    longer than their own lease, or whose process has exited on this host."""
     return [
         other
-        for other, host, pid, heartbeat_at, closed in conn.execute(
-            "SELECT id, host, pid, heartbeat_at, closed FROM runners WHERE id != ?", (runner_id,)
+        for other, host, pid, heartbeat_at, lapse, closed in conn.execute(
+            "SELECT id, host, pid, heartbeat_at, lapse, closed FROM runners WHERE id != ?",
+            (runner_id,),
         )
         if closed or heartbeat_at < now - lapse or (host == HOST and not pid_alive(pid))
     ]

@@ -204,6 +204,9 @@ _LEASES = (
     WHERE status IN ('queued', 'running') AND runner_id IS NOT NULL
     """,
     "CREATE INDEX jobs_leased ON jobs (lease_owner) WHERE lease_owner IS NOT NULL",
+    # The lease length each runner beats with: it is gone once silent for
+    # its own lapse, whatever the lapse of the runner looking.
+    "ALTER TABLE runners ADD COLUMN lapse REAL NOT NULL DEFAULT 5.0",
     "CREATE INDEX jobs_waiting ON jobs (seq) WHERE status IN ('queued', 'running')",
     # When a runner last beat, by the store's clock: a beat that finds the
     # one before it long past knows the store could not be written meanwhile

@@ -181,10 +181,11 @@ class Store:
 
     # -- batch runners ---------------------------------------------------------
 
-    def register_runner(self, runner_id: str) -> None:
-        """Record a runner of this process as alive."""
+    def register_runner(self, runner_id: str, lapse: float = 5.0) -> None:
+        """Record a runner of this process as alive, its leases ``lapse``
+        seconds long (it is gone once silent for that long)."""
         with self._db.transaction() as conn:
-            leases.register(conn, runner_id, time.time())
+            leases.register(conn, runner_id, time.time(), lapse)
 
     def beat_runner(
         self,

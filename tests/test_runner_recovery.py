@@ -211,3 +211,19 @@ def test_a_live_runner_takes_over_jobs_of_one_that_goes_silent(
         hooks.wait_for(lambda h: h.jobs == ["done"])
         job = live.status(ALICE, "j1")
     assert [t.result for t in job.targets] == [{"ref": "x"}, {"ref": "y"}]
+
+
+def test_a_runner_is_gone_by_its_own_lapse_not_the_lookers(db: store.Store, clock: Clock) -> None:
+    """A runner with a long lease, silent for less than it, keeps its jobs
+    from a runner with a shorter one; past its own lapse, they are taken."""
+    db.register_runner("slow", 30)
+    db.create_job("j", "alice", ["x"], "slow", lease_for=30)
+    db.register_runner("fast", 5)
+    for _ in range(6):  # +7.5 s: fast's lapse passed, slow's did not
+        clock.tick(1.25)
+        assert db.beat_runner("fast", 5, foreign=True).taken == []
+    taken = []
+    for _ in range(20):  # +32.5 s: past slow's own lapse
+        clock.tick(1.25)
+        taken += db.beat_runner("fast", 5, foreign=True).taken
+    assert [(row.id, token) for row, token in taken] == [("j", 2)]
