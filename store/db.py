@@ -6,8 +6,9 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -66,10 +67,10 @@ class Database:
             if readonly:
                 self._check_version()
             else:
-                self._conn.execute("PRAGMA journal_mode = WAL")
+                _patiently(lambda: self._conn.execute("PRAGMA journal_mode = WAL"))
                 self._conn.execute(f"PRAGMA synchronous = {synchronous}")
                 self._conn.execute("PRAGMA foreign_keys = ON")
-                self._migrate()
+                _patiently(self._migrate)
         except sqlite3.Error as e:
             self._conn.close()
             raise StoreError(f"cannot open store {self.path!r}: {e}{_advice(e)}") from e
@@ -133,6 +134,26 @@ class Database:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+
+
+def _patiently(step: Callable[[], object]) -> None:
+    """Run ``step``, trying again while another process holds the file
+    locked, for up to ``BUSY_TIMEOUT`` seconds: switching a file to WAL (and
+    migrating a new one) can meet a lock SQLite's busy handler does not wait
+    for, as when another process is creating the same file."""
+    deadline = time.monotonic() + BUSY_TIMEOUT
+    delay = 0.001
+    while True:
+        try:
+            step()
+        except (sqlite3.OperationalError, StoreError) as e:
+            text = str(e).lower()
+            if ("locked" not in text and "busy" not in text) or time.monotonic() > deadline:
+                raise
+        else:
+            return
+        time.sleep(delay)  # nothing to be notified by: another process holds the lock
+        delay = min(2 * delay, 0.05)
 
 
 def _check_not_newer(path: str, version: int) -> None:
