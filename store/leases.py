@@ -115,7 +115,12 @@ def beat(
             held[job_id] = token
         else:
             ended.add(job_id)
-    gone = json.dumps(_gone(conn, runner_id, now))
+    ended_runners, silent = _gone(conn, runner_id, now)
+    # A lease is free once lapsed by its own expiry, or once its owner closed
+    # or died; a waiting job is an orphan once the runner it was submitted
+    # through is gone, silent runners included.
+    dead = json.dumps(ended_runners)
+    gone = json.dumps(ended_runners + silent)
     free = (
         "(lease_owner IS NULL OR lease_until < ?"
         " OR lease_owner IN (SELECT value FROM json_each(?)))"
@@ -126,14 +131,14 @@ def beat(
         ids += _ids(
             conn,
             f"{free}{home}",
-            (now, gone, *(() if foreign else (runner_id,))),
+            (now, dead, *(() if foreign else (runner_id,))),
             -1 if room is None else room,
         )
     if not foreign:
         ids += _ids(
             conn,
             f"{free} AND (runner_id IS NULL OR runner_id IN (SELECT value FROM json_each(?)))",
-            (now, gone, gone),
+            (now, dead, gone),
             ORPHANS_PER_BEAT,
         )
     return Beat(held, frozenset(ended), _lease(conn, runner_id, ids, now + lapse))
@@ -164,17 +169,21 @@ def _give_back_stall(conn: sqlite3.Connection, now: float, lapse: float) -> None
     conn.execute("UPDATE lease_clock SET beat_at = ?", (now,))
 
 
-def _gone(conn: sqlite3.Connection, runner_id: str, now: float) -> list[str]:
-    """The runners other than ``runner_id`` that are gone: closed, silent for
-    longer than their own lease, or whose process has exited on this host."""
-    return [
-        other
-        for other, host, pid, heartbeat_at, lapse, closed in conn.execute(
-            "SELECT id, host, pid, heartbeat_at, lapse, closed FROM runners WHERE id != ?",
-            (runner_id,),
-        )
-        if closed or heartbeat_at < now - lapse or (host == HOST and not pid_alive(pid))
-    ]
+def _gone(conn: sqlite3.Connection, runner_id: str, now: float) -> tuple[list[str], list[str]]:
+    """The runners other than ``runner_id`` that are gone: those that closed
+    or whose process has exited on this host, and those silent for longer
+    than their own lease."""
+    ended: list[str] = []
+    silent: list[str] = []
+    for other, host, pid, heartbeat_at, lapse, closed in conn.execute(
+        "SELECT id, host, pid, heartbeat_at, lapse, closed FROM runners WHERE id != ?",
+        (runner_id,),
+    ):
+        if closed or (host == HOST and not pid_alive(pid)):
+            ended.append(other)
+        elif heartbeat_at < now - lapse:
+            silent.append(other)
+    return ended, silent
 
 
 def _ids(conn: sqlite3.Connection, where: str, args: tuple[object, ...], limit: int) -> list[str]:
