@@ -196,14 +196,8 @@ def _adopt(s: State[C], row: store.JobRow, lease: store.Lease, resume: Resume) -
 def _caller(s: State[C], row: store.JobRow, resume: Resume) -> C | None:
     """The caller to run ``row`` for: the one it was submitted with, if it
     waited for room here; else what ``Config.resume`` gives; else None."""
-    held = s.waiting.get(row.owner) if row.runner_id == s.id else None
-    if held is not None:
-        caller, count = held
-        if count > 1:
-            s.waiting[row.owner] = (caller, count - 1)
-        else:
-            del s.waiting[row.owner]
-        return caller
+    if row.runner_id == s.id and row.owner in s.waiting:
+        return s.unwait(row.owner)
     if resume is None:
         return None
     try:
@@ -216,4 +210,4 @@ def _caller(s: State[C], row: store.JobRow, resume: Resume) -> C | None:
             "Config.resume(%r) gave a caller with another id; jobs end interrupted", row.owner
         )
         return None
-    return caller
+    return caller  # type: ignore[no-any-return]  # resume is the user's: it gives their C

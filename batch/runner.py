@@ -154,7 +154,7 @@ class Runner(Generic[C]):
         except BaseException:
             with s.lock:
                 if not room:
-                    self._forget_waiting(owner)
+                    s.unwait(owner)
                 elif s.config.max_live is not None:
                     s.reserved -= 1
             raise
@@ -173,13 +173,6 @@ class Runner(Generic[C]):
                     )
                 )
         return job_id
-
-    def _forget_waiting(self, owner: str) -> None:
-        caller, count = self._s.waiting[owner]
-        if count > 1:
-            self._s.waiting[owner] = (caller, count - 1)
-        else:
-            del self._s.waiting[owner]
 
     def _targets(self, targets: Iterable[str | Target]) -> list[Target]:
         if isinstance(targets, str | bytes) or not isinstance(targets, Iterable):

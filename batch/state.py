@@ -144,6 +144,14 @@ class State(Generic[C]):
         else:
             self.settle(job)
 
+    def unwait(self, owner: str) -> C:
+        """One job of ``owner``'s waiting for room has joined (or was never
+        stored): its caller, forgotten with the last such job."""
+        caller, count = self.waiting.pop(owner)
+        if count > 1:
+            self.waiting[owner] = (caller, count - 1)
+        return caller
+
     def room(self) -> int | None:
         """How many more jobs may join the rotation (None: no limit)."""
         most = self.config.max_live
