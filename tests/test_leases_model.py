@@ -1,0 +1,907 @@
+"""Job leases between runners against a plain-Python model.
+
+A Hypothesis state machine drives a real store file with two to four runners
+("actors", all of this process, each with its own lapse, registered with it
+or with the store's default) through beats, clock steps small and large,
+stop and resume, kill, retire, cancel, and writes fenced by the lease an actor
+believes it holds: at once, or begun now and landed later in one batch (a
+fetch in flight), maybe after the job went to another actor and came back.
+A model of ``store/leases.py`` and the fenced writes of ``store/jobs.py``
+predicts every ``Beat`` (held, ended, taken and the new tokens) and whether
+every write is accepted; after every step the store file must hold exactly
+the model's leases, tokens, statuses, targets, runners (heartbeat, lapse,
+closed) and lease clock. A lease is free once it lapsed by its own expiry,
+or its owner closed; silence past a runner's own lapse only makes the jobs
+submitted through it that nobody holds orphans. On
+top: no target is stored twice; an accepted write named the job's owner and
+token at that moment; an actor whose leases are valid by its own last beat
+holds every job it believes it holds (so no two do); tokens only grow; a
+stall (no beat for over half a lease) takes no job that was held when it
+began. Teardown drives every job to its end through the protocol.
+
+Plain tests after it spell out the key facts one by one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sqlite3
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.internal.conjecture import engine as hypothesis_engine
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+import store
+import store.store as store_module
+from store import Conflict, Lease, TargetOutcome, ended_status
+from tests.helpers import Clock
+
+pytestmark = pytest.mark.timeout(120)
+
+#: The usual lapse (``takeover_after``) of an actor's beats and new jobs;
+#: some actors have a longer one.
+LAPSE = 10.0
+LAPSES = (LAPSE, LAPSE, 2 * LAPSE)
+#: The lapse ``register_runner`` records when given none.
+DEFAULT_LAPSE = 5.0
+ACTORS = ("r0", "r1", "r2", "r3")
+CALLERS = ("alice", "bob")
+MAX_JOBS = 8
+LIVE = ("queued", "running")
+#: Clock steps (all exact in binary, so the store's sums match the model's).
+#: A small one alone is no stall; several in a row without a beat may be.
+SMALL = (0.25, 0.5, 1.0, 2.0, 2.5, 3.0, 4.75, 5.0)
+#: Each of these, with no beat, is a stall for a beat of LAPSE: over LAPSE / 2.
+BIG = (5.25, 6.0, 10.0, 10.25, 15.0, 40.0)
+#: How a job is created: leased to the actor it is submitted through, left
+#: waiting (unleased) with that actor as its home, or with no home at all.
+HOW = st.sampled_from(["leased", "leased", "waiting", "homeless"])
+
+
+# -- the model -------------------------------------------------------------------
+
+
+@dataclass
+class MJob:
+    id: str
+    caller: str
+    home: str | None
+    targets: list[str]
+    status: str = "queued"
+    owner: str | None = None
+    token: int = 0
+    until: float | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.status in LIVE
+
+    def holds(self, lease: Lease) -> bool:
+        return (self.owner, self.token) == (lease.owner, lease.token)
+
+
+@dataclass
+class MRunner:
+    heartbeat: float
+    #: The lapse it registered with, then the one of its last beat.
+    lapse: float
+    closed: bool = False
+
+
+@dataclass
+class Model:
+    """The store's jobs (in submit order), runners and lease clock."""
+
+    now: float
+    last_beat: float = 0.0
+    runners: dict[str, MRunner] = field(default_factory=dict)
+    jobs: dict[str, MJob] = field(default_factory=dict)
+
+    def ended(self, runner_id: str | None) -> set[str]:
+        """Runners other than ``runner_id`` that ended: closed (no pid is
+        ever dead: every actor is this process). Their leases are free."""
+        return {r for r, m in self.runners.items() if r != runner_id and m.closed}
+
+    def silent(self, runner_id: str, at: float) -> set[str]:
+        """Open runners other than ``runner_id`` silent at ``at`` for longer
+        than their own lapse: the jobs submitted through them that nobody
+        holds are orphans. (Their leases lapse by their own expiry.)"""
+        return {
+            r
+            for r, m in self.runners.items()
+            if r != runner_id and not m.closed and m.heartbeat < at - m.lapse
+        }
+
+    def stall(self, lapse: float) -> float:
+        """The time a beat now gives back to every lease (0: none)."""
+        gap = self.now - self.last_beat
+        return gap if self.last_beat and gap > lapse / 2 else 0.0
+
+    def give_back(self, gap: float) -> None:
+        """A stall: add ``gap`` to every lease and open runner's heartbeat."""
+        for j in self.jobs.values():
+            if j.owner is not None:
+                assert j.until is not None
+                j.until += gap
+        for r in self.runners.values():
+            if not r.closed:
+                r.heartbeat += gap
+
+    def beat(
+        self, runner_id: str, lapse: float, room: int | None, foreign: bool, keep: set[str]
+    ) -> tuple[dict[str, int], frozenset[str], list[tuple[str, int]]]:
+        now = self.now
+        self.give_back(self.stall(lapse))
+        self.last_beat = now
+        self.runners[runner_id].heartbeat = now
+        self.runners[runner_id].lapse = lapse
+        held: dict[str, int] = {}
+        ended: set[str] = set()
+        for j in self.jobs.values():
+            if j.owner == runner_id:
+                j.until = now + lapse
+                if j.live:
+                    held[j.id] = j.token
+                else:
+                    ended.add(j.id)
+                    if j.id not in keep:  # a target in flight: still to be stored
+                        j.owner = None
+        dead = self.ended(runner_id)
+        gone = dead | self.silent(runner_id, now)
+
+        def free(j: MJob) -> bool:
+            lapsed = j.until is not None and j.until < now
+            return j.live and (j.owner is None or lapsed or j.owner in dead)
+
+        ids: list[str] = []
+        if room is None or room > 0:
+            mine = [
+                j.id for j in self.jobs.values() if free(j) and (foreign or j.home == runner_id)
+            ]
+            ids += mine if room is None else mine[:room]
+        if not foreign:
+            ids += [
+                j.id for j in self.jobs.values() if free(j) and (j.home is None or j.home in gone)
+            ]
+        order = list(self.jobs)
+        taken: list[tuple[str, int]] = []
+        for job_id in sorted(ids, key=order.index):
+            j = self.jobs[job_id]
+            j.owner, j.token, j.until = runner_id, j.token + 1, now + lapse
+            taken.append((job_id, j.token))
+        return held, frozenset(ended), taken
+
+    def retire(self, runner_id: str) -> None:
+        self.runners[runner_id].closed = True
+        for j in self.jobs.values():
+            if j.owner == runner_id:
+                j.owner = None
+
+
+# -- the actors: what each runner believes ------------------------------------------
+
+
+@dataclass
+class Belief:
+    """A job an actor believes it holds: the token it got it with, what it
+    knows of its targets, and whether it told the store the job started."""
+
+    token: int
+    view: list[str]
+    started: bool = False
+
+
+@dataclass
+class Actor:
+    name: str
+    #: active, stopped (frozen: neither beats nor writes), killed, retired.
+    mode: str
+    #: Its lease length (``takeover_after``): of every beat and new job.
+    lapse: float
+    #: Its last beat (or registration), by the store's clock: it trusts its
+    #: leases until ``seen + lapse``, like a runner's ``valid_until``.
+    seen: float
+    beliefs: dict[str, Belief] = field(default_factory=dict)
+    #: Writes it began (job, target, the lease then) and has not sent yet.
+    inflight: list[tuple[str, int, Lease]] = field(default_factory=list)
+
+    def valid(self, now: float) -> bool:
+        return now <= self.seen + self.lapse
+
+
+class LeaseMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="leases-")
+        self.clock = Clock()
+        self.patch = mock.patch.object(store_module, "time", self.clock)
+        self.patch.start()
+        try:
+            self.db = store.open(Path(self.dir) / "jobs.sqlite3")
+            self.raw = sqlite3.connect(self.db.path)
+        except BaseException:
+            self.patch.stop()
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+        self.model = Model(now=self.clock.now)
+        self.actors: dict[str, Actor] = {}
+        self.tokens: dict[str, int] = {}
+        self.stored: set[tuple[str, int]] = set()
+        #: The clock reading of the last stall, and the jobs held when it began.
+        self.stall_at: float | None = None
+        self.protected: dict[str, tuple[str | None, int]] = {}
+
+    # -- helpers -------------------------------------------------------------
+
+    def in_mode(self, *modes: str) -> list[Actor]:
+        return [a for a in self.actors.values() if a.mode in modes]
+
+    def pick(self, i: int, *modes: str) -> Actor:
+        them = self.in_mode(*modes)
+        return them[i % len(them)]
+
+    def register(self, name: str, lapse: float, named: bool = True) -> Actor:
+        """A new actor beating with ``lapse``; registered with it if
+        ``named``, else with the store's default until its first beat."""
+        if named:
+            self.db.register_runner(name, lapse)
+        else:
+            self.db.register_runner(name)
+        self.model.runners[name] = MRunner(self.model.now, lapse if named else DEFAULT_LAPSE)
+        actor = self.actors[name] = Actor(name, "active", lapse, self.model.now)
+        return actor
+
+    def tick(self, dt: float) -> None:
+        self.clock.tick(dt)
+        self.model.now = self.clock.now
+
+    def raw_lease(self, job_id: str) -> tuple[str | None, int]:
+        owner, token = self.raw.execute(
+            "SELECT lease_owner, lease_token FROM jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+        return owner, token
+
+    def do_beat(self, actor: Actor, room: int | None, foreign: bool, keep: bool = True) -> None:
+        """The actor beats; ``keep``: it names the jobs it has a write in
+        flight for, whose leases it keeps even if they ended (as the keeper
+        does)."""
+        m = self.model
+        kept = sorted({job_id for job_id, _, _ in actor.inflight}) if keep else []
+        before = {j.id: (j.owner, j.token) for j in m.jobs.values()}
+        if m.stall(actor.lapse):
+            # Held at the last beat: leased, not lapsed, owner not closed.
+            closed = m.ended(None)
+            self.stall_at = m.now
+            self.protected = {
+                j.id: (j.owner, j.token)
+                for j in m.jobs.values()
+                if j.live
+                and j.owner is not None
+                and j.owner not in closed
+                and j.until is not None
+                and j.until >= m.last_beat
+            }
+            event("stall" + (" with held jobs" if self.protected else ""))
+        got = self.db.beat_runner(actor.name, actor.lapse, room=room, foreign=foreign, keep=kept)
+        held, ended, taken = m.beat(actor.name, actor.lapse, room, foreign, set(kept))
+        assert got.held == held, (actor.name, got.held, held)
+        assert got.ended == ended, (actor.name, got.ended, ended)
+        if ended & set(kept):
+            event("an ended job's lease kept: a write in flight")
+        assert [(row.id, token) for row, token in got.taken] == taken, (got.taken, taken)
+        for row, _ in got.taken:
+            j = m.jobs[row.id]
+            assert (row.owner, row.runner_id, row.status) == (j.caller, j.home, j.status)
+            assert [t.status for t in row.targets] == j.targets
+            if before[row.id][0] is not None:
+                event("taken from another runner")
+        if self.stall_at == m.now:
+            for row, _ in got.taken:
+                assert before[row.id] != self.protected.get(row.id), (
+                    f"a stall cost {before[row.id]} job {row.id}"
+                )
+        for job_id, token in held.items():
+            b = actor.beliefs.get(job_id)
+            assert b is not None and b.token == token, (actor.name, job_id, token, b)
+        beliefs = {job_id: actor.beliefs[job_id] for job_id in held}
+        for row, token in got.taken:
+            view = [t.status for t in row.targets]
+            beliefs[row.id] = Belief(token, view, started=row.status == "running")
+        actor.beliefs = beliefs
+        actor.seen = m.now
+
+    def attempt(self, actor: Actor, job_id: str, how: str, status: str = "done") -> bool:
+        """The actor writes for a job it believes it holds, with its lease:
+        ``next`` (its next pending target, or the job's end once none is
+        left), ``again`` (a target it knows stored) or ``interrupt``. The model
+        says whether the store must take it. True if it did."""
+        b = actor.beliefs[job_id]
+        lease = Lease(actor.name, b.token)
+        j = self.model.jobs[job_id]
+        if how == "interrupt":
+            return self.attempt_interrupt(actor, j, lease)
+        pending = [p for p, s in enumerate(b.view) if s == "pending"]
+        stored = [p for p, s in enumerate(b.view) if s != "pending"]
+        if how == "again" and stored:
+            return self.store_one(actor, job_id, stored[0], lease, status)
+        if pending:
+            return self.store_one(actor, job_id, pending[0], lease, status)
+        return self.attempt_end(actor, j, lease)
+
+    def store_one(self, actor: Actor, job_id: str, pos: int, lease: Lease, status: str) -> bool:
+        """Store one target's outcome with the actor's lease."""
+        return self.store_batch(actor, [(job_id, pos, lease, status)]) == [True]
+
+    def store_batch(self, actor: Actor, writes: list[tuple[str, int, Lease, str]]) -> list[bool]:
+        """Store these outcomes in one ``store_targets`` call, each with its
+        lease (the actor's current one, or an older one a write in flight was
+        made with), starting the jobs the actor holds and has not started.
+        The model says which are stored; returns that, by index."""
+        m = self.model
+        for job_id, _, _, _ in writes:
+            assert self.raw_lease(job_id) == (m.jobs[job_id].owner, m.jobs[job_id].token)
+        starting: list[tuple[str, Lease]] = []
+        for job_id, _, lease, _ in writes:
+            b = actor.beliefs.get(job_id)
+            if b is not None and b.token == lease.token and not b.started:
+                b.started = True
+                starting.append((job_id, lease))
+        outcomes = [
+            TargetOutcome(job_id, pos, status, result=f'"{actor.name}"', lease=lease)
+            for job_id, pos, lease, status in writes
+        ]
+        got = self.db.store_targets(outcomes, starting=starting)
+        for job_id, lease in starting:
+            j = m.jobs[job_id]
+            if j.holds(lease) and j.status == "queued":
+                j.status = "running"
+        accepted = [
+            self.stored_or_not(actor, write, got.refused.get(i)) for i, write in enumerate(writes)
+        ]
+        assert set(got.refused) == {i for i, ok in enumerate(accepted) if not ok}, got
+        assert got.cancelled == {
+            i for i, ok in enumerate(accepted) if ok and not m.jobs[writes[i][0]].live
+        }, got
+        assert (got.ended, got.evicted) == (frozenset(), []), got
+        return accepted
+
+    def stored_or_not(
+        self, actor: Actor, write: tuple[str, int, Lease, str], err: Exception | None
+    ) -> bool:
+        """Whether the model stores this write, in turn; checks the store's
+        answer ``err`` for it (None: stored) agrees."""
+        job_id, pos, lease, status = write
+        j = self.model.jobs[job_id]
+        fenced = j.holds(lease)
+        b = actor.beliefs.get(job_id)
+        current = b is not None and b.token == lease.token
+        if fenced and j.targets[pos] == "pending":
+            # An accepted write named the job's owner and token as it is now,
+            # and its writer, if it still goes on with the job, knew it as
+            # stored. (One that gave up a job cancelled meanwhile still holds
+            # its lease until its next beat: its write in flight is stored.)
+            assert err is None, (actor.name, write, err)
+            assert (job_id, pos) not in self.stored, f"{job_id}/{pos} stored twice"
+            self.stored.add((job_id, pos))
+            if b is None:
+                assert not j.live, (actor.name, write, j)
+                event("write in flight stored for a job given up")
+            else:
+                assert current, (actor.name, write, b)
+                assert b.view == j.targets, (actor.name, job_id, b.view, j.targets)
+                b.view[pos] = status
+            j.targets[pos] = status
+            return True
+        assert isinstance(err, Conflict), (actor.name, write, err)
+        assert ("no longer leased" in str(err)) == (not fenced), err
+        if fenced:
+            event("write refused: stored already")
+        elif j.owner == lease.owner:
+            event("write refused: its writer holds the job again, with a new token")
+        else:
+            event("write refused: lease")
+        if current and not fenced:
+            del actor.beliefs[job_id]  # it lost the job: it stops with it
+        return False
+
+    def attempt_end(self, actor: Actor, j: MJob, lease: Lease) -> bool:
+        view = actor.beliefs.pop(j.id).view
+        final = ended_status(view.count("done"), view.count("failed"))
+        got = self.db.set_job_status(j.id, final, lease)
+        expect = j.live and j.holds(lease)
+        assert got == expect, (actor.name, j, lease)
+        if expect:
+            assert view == j.targets
+            j.status, j.owner = final, None
+        return got
+
+    def attempt_interrupt(self, actor: Actor, j: MJob, lease: Lease) -> bool:
+        del actor.beliefs[j.id]
+        got = self.db.interrupt_job(j.id, "stopped", lease)
+        if j.live and j.holds(lease):
+            n = j.targets.count("pending")
+            j.targets = ["failed" if s == "pending" else s for s in j.targets]
+            j.status = ended_status(j.targets.count("done"), j.targets.count("failed"))
+            j.owner = None
+            assert got == (j.status, n)
+            return True
+        assert got is None
+        return False
+
+    def resume_actor(self, actor: Actor) -> None:
+        """A stopped actor goes on: first, the write it was about to make for
+        every job it believes it holds, with the token it had."""
+        actor.mode = "active"
+        self.land_all(actor)
+        for job_id in list(actor.beliefs):
+            stale = self.model.jobs[job_id].token != actor.beliefs[job_id].token
+            accepted = self.attempt(actor, job_id, "next")
+            if stale:
+                event("stale write after resume")
+                assert not accepted, f"{actor.name}'s stale write for {job_id} was stored"
+
+    def land_all(self, actor: Actor) -> None:
+        """Send every write the actor has in flight, in one batch."""
+        self.land_some(actor, len(actor.inflight), "done")
+
+    def land_some(self, actor: Actor, n: int, status: str) -> None:
+        """Send the actor's oldest ``n`` writes in flight, in one batch."""
+        writes = [(job_id, pos, lease, status) for job_id, pos, lease in actor.inflight[:n]]
+        del actor.inflight[:n]
+        stale = [self.model.jobs[job_id].token != lease.token for job_id, _, lease, _ in writes]
+        if writes:
+            for ok, old in zip(self.store_batch(actor, writes), stale, strict=True):
+                if old and not ok:
+                    event("stale write in flight refused")
+
+    # -- rules ---------------------------------------------------------------
+
+    @initialize(
+        lapses=st.lists(st.sampled_from(LAPSES), min_size=2, max_size=4),
+        named=st.lists(st.booleans(), min_size=4, max_size=4),
+        jobs=st.lists(
+            st.tuples(st.integers(0, 3), st.sampled_from(CALLERS), st.integers(1, 4), HOW),
+            max_size=4,
+        ),
+    )
+    def start(
+        self, lapses: list[float], named: list[bool], jobs: list[tuple[int, str, int, str]]
+    ) -> None:
+        for name, lapse, told in zip(ACTORS, lapses, named, strict=False):
+            self.register(name, lapse, told)
+        for i, caller, size, how in jobs:
+            self.create(i, caller, size, how)
+
+    @precondition(lambda self: len(self.model.jobs) < MAX_JOBS and self.in_mode("active"))
+    @rule(
+        i=st.integers(0, 3),
+        caller=st.sampled_from(CALLERS),
+        n=st.integers(1, 4),
+        how=HOW,
+        late=st.sampled_from([0.0, 0.0, 4.0]),
+    )
+    def create(self, i: int, caller: str, n: int, how: str, late: float = 0.0) -> None:
+        """A job submitted through an actor, ``late`` seconds after the rest
+        of the machine last moved: its lease outlasts the actor's last beat
+        by that much."""
+        self.tick(late)
+        actor = self.pick(i, "active")
+        job_id = f"j{len(self.model.jobs)}"
+        home = None if how == "homeless" else actor.name
+        leased = how == "leased"
+        refs = [f"{job_id}/{pos}" for pos in range(n)]
+        lease_for = actor.lapse if leased else None
+        self.db.create_job(job_id, caller, refs, home, lease_for=lease_for)
+        job = self.model.jobs[job_id] = MJob(job_id, caller, home, ["pending"] * n)
+        if leased:
+            job.owner, job.token, job.until = actor.name, 1, self.model.now + actor.lapse
+            actor.beliefs[job_id] = Belief(1, ["pending"] * n)
+
+    @precondition(lambda self: self.in_mode("active"))
+    @rule(
+        i=st.integers(0, 3),
+        room=st.none() | st.integers(0, 3),
+        foreign=st.booleans(),
+        keep=st.booleans(),
+    )
+    def beat(self, i: int, room: int | None, foreign: bool, keep: bool) -> None:
+        self.do_beat(self.pick(i, "active"), room, foreign, keep)
+
+    @precondition(lambda self: self.in_mode("active"))
+    @rule(order=st.permutations(range(len(ACTORS))), foreign=st.booleans())
+    def beat_all(self, order: list[int], foreign: bool) -> None:
+        """Every running actor beats once, now."""
+        for k in order:
+            if k < len(self.actors):
+                actor = self.actors[ACTORS[k]]
+                if actor.mode == "active":
+                    self.do_beat(actor, None, foreign)
+
+    @rule(dt=st.sampled_from(SMALL))
+    def advance(self, dt: float) -> None:
+        self.tick(dt)
+
+    @precondition(lambda self: self.in_mode("active"))
+    @rule(dt=st.sampled_from(SMALL), i=st.integers(0, 3), foreign=st.booleans())
+    def advance_and_beat(self, dt: float, i: int, foreign: bool) -> None:
+        """Time passes while one actor beats and the others are silent: their
+        leases lapse while the store can be written."""
+        self.tick(dt)
+        self.do_beat(self.pick(i, "active"), None, foreign)
+
+    @precondition(lambda self: self.in_mode("active"))
+    @rule(
+        i=st.integers(0, 3),
+        foreign=st.booleans(),
+        rounds=st.integers(3, 6),
+        dt=st.sampled_from((1.25, 2.5, 3.0, 5.0)),
+    )
+    def only_one_beats(self, i: int, foreign: bool, rounds: int, dt: float) -> None:
+        """For a lease or so, one actor beats and every other is silent."""
+        actor = self.pick(i, "active")
+        for _ in range(rounds):
+            self.tick(dt)
+            self.do_beat(actor, None, foreign)
+
+    @precondition(lambda self: len(self.in_mode("active")) > 1)
+    @rule(i=st.integers(0, 3), k=st.integers(0, 2), foreign=st.booleans())
+    def take_turns(self, i: int, k: int, foreign: bool) -> None:
+        """One actor beats alone for over a lease, then another does, with a
+        write in flight for every job it held: its jobs go to the first and
+        may come back to it with a new token before those writes land."""
+        them = self.in_mode("active")
+        first = them[i % len(them)]
+        others = [a for a in them if a is not first]
+        second = others[k % len(others)]
+        for job_id, b in second.beliefs.items():
+            if "pending" in b.view:
+                second.inflight.append(
+                    (job_id, b.view.index("pending"), Lease(second.name, b.token))
+                )
+        for actor in (first, second):
+            for _ in range(6):  # 24 s: past the longest lease
+                self.tick(4.0)
+                self.do_beat(actor, None, foreign or actor is second)
+
+    @rule(dt=st.sampled_from(BIG))
+    def stall(self, dt: float) -> None:
+        """Nobody beats for over half a lease."""
+        self.tick(dt)
+
+    @precondition(lambda self: self.in_mode("active"))
+    @rule(i=st.integers(0, 3))
+    def stop(self, i: int) -> None:
+        self.pick(i, "active").mode = "stopped"
+
+    @precondition(lambda self: self.in_mode("stopped"))
+    @rule(i=st.integers(0, 3))
+    def resume(self, i: int) -> None:
+        self.resume_actor(self.pick(i, "stopped"))
+
+    @precondition(lambda self: len(self.in_mode("active", "stopped")) > 1)
+    @rule(i=st.integers(0, 3))
+    def kill(self, i: int) -> None:
+        actor = self.pick(i, "active", "stopped")
+        actor.mode = "killed"
+        actor.beliefs.clear()
+        actor.inflight.clear()
+
+    @precondition(
+        lambda self: self.in_mode("active") and len(self.in_mode("active", "stopped")) > 1
+    )
+    @rule(i=st.integers(0, 3))
+    def retire(self, i: int) -> None:
+        actor = self.pick(i, "active")
+        self.db.retire_runner(actor.name)
+        self.model.retire(actor.name)
+        actor.mode = "retired"
+        actor.beliefs.clear()
+        actor.inflight.clear()
+
+    @precondition(lambda self: any(a.beliefs for a in self.in_mode("active")))
+    @rule(
+        i=st.integers(0, 3),
+        k=st.integers(0, MAX_JOBS - 1),
+        how=st.sampled_from(["next", "next", "next", "again", "interrupt"]),
+        status=st.sampled_from(["done", "failed"]),
+    )
+    def write(self, i: int, k: int, how: str, status: str) -> None:
+        holders = [a for a in self.in_mode("active") if a.beliefs]
+        actor = holders[i % len(holders)]
+        mine = list(actor.beliefs)
+        self.attempt(actor, mine[k % len(mine)], how, status)
+
+    @precondition(lambda self: any(a.beliefs for a in self.in_mode("active")))
+    @rule(i=st.integers(0, 3), k=st.integers(0, MAX_JOBS - 1))
+    def begin(self, i: int, k: int) -> None:
+        """The actor starts the next pending target of a job it holds: its
+        outcome, with the lease of now, is sent later (``land``)."""
+        holders = [a for a in self.in_mode("active") if a.beliefs]
+        actor = holders[i % len(holders)]
+        job_id = list(actor.beliefs)[k % len(actor.beliefs)]
+        b = actor.beliefs[job_id]
+        if "pending" in b.view:
+            actor.inflight.append((job_id, b.view.index("pending"), Lease(actor.name, b.token)))
+
+    @precondition(lambda self: any(a.inflight for a in self.in_mode("active")))
+    @rule(i=st.integers(0, 3), n=st.integers(1, 3), status=st.sampled_from(["done", "failed"]))
+    def land(self, i: int, n: int, status: str) -> None:
+        """Writes in flight reach the store, in one batch, each with the lease
+        it began with."""
+        senders = [a for a in self.in_mode("active") if a.inflight]
+        self.land_some(senders[i % len(senders)], n, status)
+
+    @precondition(lambda self: self.model.jobs)
+    @rule(k=st.integers(0, MAX_JOBS - 1), wrong=st.booleans())
+    def cancel(self, k: int, wrong: bool) -> None:
+        jobs = list(self.model.jobs.values())
+        j = jobs[k % len(jobs)]
+        caller = next(c for c in CALLERS if c != j.caller) if wrong else j.caller
+        got = self.db.cancel_job(j.id, caller)
+        expect = j.live and caller == j.caller
+        assert got == expect, (j, caller)
+        if expect:
+            j.status = "cancelled"  # the lease stays, for its holder to release
+
+    # -- invariants -----------------------------------------------------------
+
+    @invariant()
+    def store_is_the_model(self) -> None:
+        m = self.model
+        jobs = [
+            (job_id, status, owner, token, until, home)
+            for job_id, status, owner, token, until, home in self.raw.execute(
+                "SELECT id, status, lease_owner, lease_token, lease_until, runner_id"
+                " FROM jobs ORDER BY seq"
+            )
+        ]
+        assert jobs == [
+            (j.id, j.status, j.owner, j.token, j.until, j.home) for j in m.jobs.values()
+        ]
+        targets: dict[str, list[str]] = {}
+        for job_id, status in self.raw.execute(
+            "SELECT job_id, status FROM targets ORDER BY job_id, pos"
+        ):
+            targets.setdefault(job_id, []).append(status)
+        assert targets == {j.id: j.targets for j in m.jobs.values()}
+        runners = {
+            r: (hb, lapse, bool(closed))
+            for r, hb, lapse, closed in self.raw.execute(
+                "SELECT id, heartbeat_at, lapse, closed FROM runners"
+            )
+        }
+        assert runners == {r: (x.heartbeat, x.lapse, x.closed) for r, x in m.runners.items()}
+        assert self.raw.execute("SELECT beat_at FROM lease_clock").fetchone() == (m.last_beat,)
+        for j in m.jobs.values():
+            assert j.token >= self.tokens.get(j.id, 0), f"{j.id}'s token went down"
+            self.tokens[j.id] = j.token
+
+    @invariant()
+    def one_holder_by_its_own_clock(self) -> None:
+        """An actor whose leases are valid by its own last beat holds in the
+        store every job it believes it holds, with its token: so no two do."""
+        now = self.model.now
+        holders: dict[str, str] = {}
+        for actor in self.in_mode("active", "stopped"):
+            if not actor.valid(now):
+                continue
+            for job_id, b in actor.beliefs.items():
+                j = self.model.jobs[job_id]
+                assert (j.owner, j.token) == (actor.name, b.token), (actor.name, job_id, b, j)
+                assert holders.setdefault(job_id, actor.name) == actor.name
+
+    # -- teardown: every job to its end ----------------------------------------
+
+    def teardown(self) -> None:
+        try:
+            if sys.exc_info()[1] is None:  # not after a failed step
+                self.finish()
+        finally:
+            self.raw.close()
+            self.db.close()
+            self.patch.stop()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def finish(self) -> None:
+        for actor in self.in_mode("stopped"):
+            self.resume_actor(actor)
+        if not self.in_mode("active"):
+            self.register("finisher", LAPSE)
+        for _ in range(100):
+            if not any(j.live for j in self.model.jobs.values()):
+                break
+            for actor in self.in_mode("active"):
+                self.land_all(actor)
+                self.do_beat(actor, None, True)
+                for job_id in list(actor.beliefs):
+                    while job_id in actor.beliefs:
+                        self.attempt(actor, job_id, "next")
+            self.store_is_the_model()
+            self.one_holder_by_its_own_clock()
+            self.tick(LAPSE / 4)
+        assert not [j for j in self.model.jobs.values() if j.live], "jobs never ended"
+        for actor in self.in_mode("active"):
+            # Its last writes in flight land, then its beat releases the
+            # leases it kept for them and those of jobs cancelled meanwhile.
+            self.land_all(actor)
+            self.do_beat(actor, None, True)
+        self.store_is_the_model()
+        # Only a killed actor still holds leases: of jobs cancelled meanwhile,
+        # which nobody takes (it would have released them at its next beat).
+        killed = {a.name for a in self.in_mode("killed")}
+        assert all(j.owner is None or j.owner in killed for j in self.model.jobs.values())
+        assert self.raw.execute(
+            "SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')"
+        ).fetchone() == (0,)
+
+
+SETTINGS = settings(max_examples=100, stateful_step_count=25, deadline=None)
+
+
+def test_leases_against_the_model() -> None:
+    # A failing example shrinks for a minute at most (examples are costly:
+    # a store file each), so that it is reported well within the timeout.
+    with contextlib.ExitStack() as stack:
+        if hasattr(hypothesis_engine, "MAX_SHRINKING_SECONDS"):
+            stack.enter_context(mock.patch.object(hypothesis_engine, "MAX_SHRINKING_SECONDS", 60))
+        run_state_machine_as_test(LeaseMachine, settings=SETTINGS)
+
+
+# -- the key facts, one by one ------------------------------------------------------
+
+
+def lease_of(db: store.Store, job_id: str) -> tuple[str | None, int, float | None]:
+    """The job's lease as stored: owner, token, until."""
+    with contextlib.closing(sqlite3.connect(db.path)) as raw:
+        owner, token, until = raw.execute(
+            "SELECT lease_owner, lease_token, lease_until FROM jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+    return owner, token, until
+
+
+def done(job_id: str, pos: int, lease: Lease) -> TargetOutcome:
+    return TargetOutcome(job_id, pos, "done", result='"x"', lease=lease)
+
+
+def test_a_stall_gives_the_time_back(db: store.Store, clock: Clock) -> None:
+    """No beat for over half a lease: the whole gap is added to every lease
+    and heartbeat, so the silent owner keeps its job."""
+    db.register_runner("a")
+    db.register_runner("b")
+    db.create_job("j", "alice", ["x"], "a", lease_for=LAPSE)
+    start = clock.now
+    db.beat_runner("b", LAPSE)
+    clock.tick(3 * LAPSE)  # nobody beats: a stall
+    got = db.beat_runner("b", LAPSE, foreign=True)
+    assert got.taken == []
+    assert lease_of(db, "j") == ("a", 1, start + LAPSE + 3 * LAPSE)
+    clock.tick(LAPSE / 2)
+    assert db.beat_runner("a", LAPSE) == store.Beat({"j": 1}, frozenset(), [])
+    assert db.store_targets([done("j", 0, Lease("a", 1))]).refused == {}
+
+
+def test_a_lapse_while_another_beats_lets_it_take_over(db: store.Store, clock: Clock) -> None:
+    """The same silence with another runner beating all along is a lapse: a
+    foreign runner takes the job with token 2, and every write of the old
+    owner's with token 1 is refused from then on."""
+    db.register_runner("a")
+    db.register_runner("b")
+    db.create_job("j", "alice", ["x", "y"], "a", lease_for=LAPSE)
+    old = Lease("a", 1)
+    assert db.store_targets([done("j", 0, old)], starting=[("j", old)]).refused == {}
+    for _ in range(4):
+        clock.tick(LAPSE / 4)
+        assert db.beat_runner("b", LAPSE, foreign=True).taken == []  # not lapsed yet
+    clock.tick(LAPSE / 4)
+    got = db.beat_runner("b", LAPSE, foreign=True)
+    assert [(row.id, token) for row, token in got.taken] == [("j", 2)]
+    (row, _) = got.taken[0]
+    assert row.status == "running"
+    assert [t.status for t in row.targets] == ["done", "pending"]
+    refused = db.store_targets([done("j", 1, old)]).refused
+    assert list(refused) == [0] and isinstance(refused[0], Conflict)
+    assert not db.set_job_status("j", "done", old)
+    assert db.interrupt_job("j", "late", old) is None
+    assert db.beat_runner("a", LAPSE) == store.Beat({}, frozenset(), [])
+    new = Lease("b", 2)
+    assert db.store_targets([done("j", 1, new)]).refused == {}
+    assert db.set_job_status("j", "done", new)
+    assert lease_of(db, "j")[:2] == (None, 2)
+
+
+def test_a_cancel_through_the_store_is_released_at_the_holders_beat(
+    db: store.Store, clock: Clock
+) -> None:
+    """``cancel_job`` ends the job at once but leaves the lease: the holder's
+    write in flight is still stored (reported cancelled). Its next beat
+    reports the job ended and releases it, unless it keeps it (a target in
+    flight still to store); nobody takes it."""
+    db.register_runner("a")
+    db.register_runner("b")
+    db.create_job("j", "alice", ["x", "y", "z"], "a", lease_for=LAPSE)
+    assert not db.cancel_job("j", "bob")
+    assert db.cancel_job("j", "alice")
+    assert not db.cancel_job("j", "alice")
+    assert lease_of(db, "j")[:2] == ("a", 1)
+    got = db.store_targets([done("j", 0, Lease("a", 1))])
+    assert (got.refused, got.cancelled) == ({}, frozenset({0}))
+    assert not db.set_job_status("j", "done", Lease("a", 1))
+    clock.tick(1)
+    assert db.beat_runner("a", LAPSE, keep=["j"]) == store.Beat({}, frozenset({"j"}), [])
+    assert lease_of(db, "j") == ("a", 1, clock.now + LAPSE)
+    got = db.store_targets([done("j", 1, Lease("a", 1))])
+    assert (got.refused, got.cancelled) == ({}, frozenset({0}))
+    clock.tick(1)
+    assert db.beat_runner("a", LAPSE) == store.Beat({}, frozenset({"j"}), [])
+    assert lease_of(db, "j")[:2] == (None, 1)
+    assert db.beat_runner("b", LAPSE, foreign=True).taken == []
+    job = db.find_job("j")
+    assert job is not None and job.status == "cancelled"
+
+
+def test_room_limits_what_is_taken_in_submit_order(db: store.Store, clock: Clock) -> None:
+    """Waiting jobs are taken oldest first, at most ``room`` of those the
+    runner may run; jobs of no runner (or a gone one) are taken to end
+    whatever the room, unless the runner is foreign."""
+    db.register_runner("a")
+    db.register_runner("b")
+    for job_id, home in [("j1", "b"), ("j2", "a"), ("j3", "b"), ("j4", None), ("j5", "b")]:
+        db.create_job(job_id, "alice", ["x"], home)
+
+    def taken(got: store.Beat) -> list[tuple[str, int]]:
+        return [(row.id, token) for row, token in got.taken]
+
+    assert taken(db.beat_runner("b", LAPSE, room=0)) == [("j4", 1)]  # an orphan
+    assert taken(db.beat_runner("b", LAPSE, room=1)) == [("j1", 1)]
+    assert taken(db.beat_runner("a", LAPSE, room=0, foreign=True)) == []
+    assert taken(db.beat_runner("a", LAPSE, room=2, foreign=True)) == [("j2", 1), ("j3", 1)]
+    got = db.beat_runner("b", LAPSE)
+    assert got.held == {"j1": 1, "j4": 1}
+    assert taken(got) == [("j5", 1)]
+
+
+def test_a_shorter_lapse_takes_no_lease_that_has_not_lapsed(db: store.Store, clock: Clock) -> None:
+    """SPEC 2a: another runner takes a lease only once it has lapsed. Runner
+    "slow" holds a job leased for 30 s (registered with the store's default
+    lapse, 5 s, and silent at first); runner "fast" (lapse 5 s) beats every
+    1.25 s. Nothing stalls, nobody closes: "fast" takes nothing before the
+    lease runs out, whatever the lapses and heartbeats say, and once "slow"
+    beats with 30 s it is not even silent.
+
+    (Until 1e2884c "fast" judged "slow" gone by fast's own lapse, and took
+    the job at +6.25 s with token 2; through ``batch.Runner``, with
+    ``takeover_after`` 3.0 and 0.6 on one store, the first runner's live job
+    was ended ``interrupted`` by the second within 0.7 s. Until f7e1d5b, by
+    the lapse "slow" registered with.)"""
+    db.register_runner("slow")
+    db.register_runner("fast", 5)
+    db.create_job("j", "alice", ["x"], "slow", lease_for=30)
+    for step in range(1, 24):  # up to +28.75 s: the lease runs to +30 s
+        clock.tick(1.25)
+        got = db.beat_runner("fast", 5, foreign=True)
+        assert got.taken == [], f"taken at +{1.25 * step} s from a live runner, leased to +30 s"
+        if step == 8:
+            assert db.beat_runner("slow", 30).held == {"j": 1}  # renewed to +40 s
+    assert db.store_targets([done("j", 0, Lease("slow", 1))]).refused == {}
+    start = clock.now - 28.75
+    taken_at = []
+    for _ in range(10):  # "slow" silent since +10 s: its lease lapses after +40 s
+        clock.tick(1.25)
+        got = db.beat_runner("fast", 5, foreign=True)
+        taken_at += [(clock.now - start, row.id, token) for row, token in got.taken]
+    assert taken_at == [(41.25, "j", 2)]
