@@ -1,206 +1,100 @@
-"""The connection to one store file, the lock that serialises it, and migration."""
+"""What every engine gives the store: transactions run as functions, on a
+connection whose statements are written once for both dialects.
+
+The SQL of the store's modules is the dialect SQLite and PostgreSQL share:
+``?`` placeholders (``?1``, ``?2``: numbered, each usable several times),
+``RETURNING``, ``count(*) FILTER (...)``, partial indexes, ``ON CONFLICT``.
+What differs (DDL and migration, placeholders as the driver wants them,
+locks, the clock, error mapping) lives in one module per engine:
+``store.sqlite`` and ``store.postgres``.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sqlite3
-import threading
-import time
-import urllib.parse
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Literal
+import abc
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal, Protocol, TypeVar
 
 from .errors import StoreError
-from .schema import MIGRATIONS, VERSION
+from .schema import VERSION
 
-__all__ = ["Database", "Synchronous"]
+__all__ = ["Cursor", "Database", "Synchronous", "Tx", "check_not_newer", "in_list"]
 
 Synchronous = Literal["NORMAL", "FULL"]
 
-#: How long a statement waits for another process's write lock before failing.
-BUSY_TIMEOUT = 5.0
+T = TypeVar("T")
 
 
-class Database:
-    """One SQLite connection shared by every thread of one ``Store``.
+class Cursor(Protocol):
+    """The result of one statement (``sqlite3.Cursor`` and psycopg's agree)."""
 
-    ``_lock`` guards ``_conn`` (every statement run on it) and ``_closed``.
-    Whenever ``_lock`` is free, no transaction is open on ``_conn``: every
-    statement runs inside :meth:`transaction`, which commits or rolls back
-    before it lets go of the lock.
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Tx(Protocol):
+    """One open transaction: run statements, and read the store's clock.
+
+    ``now`` is the time of the transaction, from the store's one clock (the
+    database server's on PostgreSQL, so that hosts whose clocks disagree
+    still agree on leases, heartbeats and FIFO order); it is the same for
+    every statement of the transaction.
     """
 
-    def __init__(
-        self, path: str | Path, *, synchronous: Synchronous = "NORMAL", readonly: bool = False
-    ) -> None:
-        if synchronous not in ("NORMAL", "FULL"):
-            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
-        if not isinstance(path, str | os.PathLike):
-            raise TypeError(f"a store path is a str or os.PathLike, not {type(path).__name__}")
-        self.path = os.fspath(path)
-        if not isinstance(self.path, str):
-            raise TypeError(f"a store path must name a text path, not {self.path!r}")
-        self.readonly = readonly
-        self._lock = threading.Lock()
-        self._closed = False
-        if readonly:
-            _check_exists(self.path)
-        else:
-            _create_private(self.path)
-        try:
-            # isolation_level=None: the module opens no transaction behind our
-            # back; transaction() says BEGIN and COMMIT itself.
-            self._conn = sqlite3.connect(
-                _readonly_uri(self.path) if readonly else self.path,
-                timeout=BUSY_TIMEOUT,
-                isolation_level=None,
-                check_same_thread=False,
-                uri=readonly,
-            )
-        except sqlite3.Error as e:
-            raise StoreError(f"cannot open store {self.path!r}: {e}{_advice(e)}") from e
-        try:
-            # sqlite3.connect reads nothing: these are the first statements to
-            # find out that the file is not a database, or cannot be written.
-            if readonly:
-                self._check_version()
-            else:
-                _patiently(lambda: self._conn.execute("PRAGMA journal_mode = WAL"))
-                self._conn.execute(f"PRAGMA synchronous = {synchronous}")
-                self._conn.execute("PRAGMA foreign_keys = ON")
-                _patiently(self._migrate)
-        except sqlite3.Error as e:
-            self._conn.close()
-            raise StoreError(f"cannot open store {self.path!r}: {e}{_advice(e)}") from e
-        except BaseException:
-            self._conn.close()
-            raise
+    @property
+    def now(self) -> float: ...
 
-    def _check_version(self) -> None:
-        """Refuse to read a file whose schema is not this library's."""
-        (version,) = self._conn.execute("PRAGMA user_version").fetchone()
-        if version == 0:
-            raise StoreError(f"{self.path!r} is not a store file (it holds no store tables)")
-        if version < VERSION:
-            raise StoreError(
-                f"store {self.path!r} has schema version {version}, older than this library's"
-                f" {VERSION}: open it once for writing to upgrade it"
-            )
-        _check_not_newer(self.path, version)
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Cursor: ...
 
-    def _migrate(self) -> None:
-        with self.transaction() as conn:
-            (version,) = conn.execute("PRAGMA user_version").fetchone()
-            _check_not_newer(self.path, version)
-            for step in MIGRATIONS[version:]:
-                for statement in step:
-                    conn.execute(statement)
-            if version != VERSION:
-                # PRAGMA takes no bound parameter; VERSION is our own int.
-                conn.execute(f"PRAGMA user_version = {VERSION:d}")
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any: ...
 
-    @contextlib.contextmanager
-    def transaction(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
-        """Hold the connection for one transaction: commit on success, roll back
-        on any exception (which propagates; SQLite errors as ``StoreError``).
 
-        ``write=True`` starts with ``BEGIN IMMEDIATE``, taking the file's write
-        lock up front, so a transaction never fails half-way for want of it.
-        """
-        with self._lock:
-            if self._closed:
-                raise StoreError(f"store {self.path!r} is closed")
-            if write and self.readonly:
-                raise StoreError(f"store {self.path!r} is open for reading only")
-            try:
-                self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                try:
-                    yield self._conn
-                    self._conn.execute("COMMIT")
-                except BaseException:
-                    # The failed statement (or COMMIT) left the transaction
-                    # open; nothing would ever close it, so roll it back here.
-                    if self._conn.in_transaction:
-                        self._conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as e:
-                raise StoreError(f"store {self.path!r}: {e}") from e
+class Database(abc.ABC):
+    """An opened store location. Safe to share between threads.
 
+    :meth:`write` and :meth:`read` run a function inside one transaction and
+    return what it returns: commit on success, roll back on any exception
+    (which propagates; the engine's own errors as ``StoreError``, a unique
+    violation as ``Conflict``). The function may be run more than once,
+    when the engine meets contention it can only resolve by trying again,
+    so it changes nothing but the database.
+    """
+
+    #: Where the store is: the file path, or the URL without its password.
+    path: str
+    readonly: bool
+
+    @abc.abstractmethod
+    def write(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` in a transaction that may write; writers take turns."""
+
+    @abc.abstractmethod
+    def read(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` in a transaction that only reads; it waits for no writer."""
+
+    @abc.abstractmethod
     def close(self) -> None:
-        """Close the connection; later transactions raise ``StoreError``. Idempotent."""
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._conn.close()
+        """Close every connection; later transactions raise ``StoreError``. Idempotent."""
 
 
-def _patiently(step: Callable[[], object]) -> None:
-    """Run ``step``, trying again while another process holds the file
-    locked, for up to ``BUSY_TIMEOUT`` seconds: switching a file to WAL (and
-    migrating a new one) can meet a lock SQLite's busy handler does not wait
-    for, as when another process is creating the same file."""
-    deadline = time.monotonic() + BUSY_TIMEOUT
-    delay = 0.001
-    while True:
-        try:
-            step()
-        except (sqlite3.OperationalError, StoreError) as e:
-            text = str(e).lower()
-            if ("locked" not in text and "busy" not in text) or time.monotonic() > deadline:
-                raise
-        else:
-            return
-        time.sleep(delay)  # nothing to be notified by: another process holds the lock
-        delay = min(2 * delay, 0.05)
+def in_list(column: str, values: Sequence[object]) -> tuple[str, tuple[object, ...]]:
+    """``column IN (?, ?, ...)`` for these values, and its arguments; false
+    for none (both dialects refuse ``IN ()``)."""
+    if not values:
+        return "1 = 0", ()
+    return f"{column} IN ({', '.join('?' * len(values))})", tuple(values)
 
 
-def _check_not_newer(path: str, version: int) -> None:
+def check_not_newer(path: str, version: int) -> None:
+    """Refuse a store whose schema is newer than this library's."""
     if version > VERSION:
         raise StoreError(
             f"store {path!r} has schema version {version}, newer than this "
             f"library's {VERSION}: upgrade the library to open it"
         )
-
-
-def _check_exists(path: str) -> None:
-    """Refuse to open, for reading, a file that is not there (SQLite would say
-    only that it cannot open it)."""
-    if not os.path.isfile(path):
-        raise StoreError(f"no store file at {path!r}: check the path")
-
-
-def _readonly_uri(path: str) -> str:
-    """The URI that opens ``path`` for reading only."""
-    return "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
-
-
-def _create_private(path: str) -> None:
-    """Create a new store file readable and writable by its owner only (SQLite
-    gives its -wal and -shm files the same mode). An existing file, or one in
-    a directory that does not exist, is left for SQLite to open or refuse."""
-    if path == ":memory:" or path.startswith("file:"):
-        return
-    with contextlib.suppress(FileExistsError, FileNotFoundError, NotADirectoryError):
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-
-
-def _advice(e: sqlite3.Error) -> str:
-    """What to do about an error that stops a store file from opening."""
-    text = str(e).lower()
-    if "not a database" in text or "malformed" in text:
-        return (
-            "; it is not a store file, or it is corrupt: restore it from a backup or"
-            " open another path"
-        )
-    if "readonly" in text or "read-only" in text:
-        return (
-            "; the store writes the file and its -wal and -shm files beside it: make the"
-            " file and its directory writable, or open a copy"
-        )
-    if "locked" in text or "busy" in text:
-        return "; another process holds it locked: try again once that process lets go"
-    if "unable to open" in text:
-        return "; check that the directory exists and that you may write in it"
-    return ""

@@ -7,11 +7,11 @@ with its owner: another owner's job looks exactly like a missing one.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .db import Tx
 from .errors import Conflict, NotFound
 from .schema import LIVE_JOB, TERMINAL_JOB, JobStatus, ended_status
 
@@ -173,7 +173,7 @@ class JobSummary:
 
 
 def create_job(
-    conn: sqlite3.Connection,
+    conn: Tx,
     job_id: str,
     owner: str,
     refs: Sequence[str],
@@ -208,7 +208,7 @@ def create_job(
 
 
 def set_job_status(
-    conn: sqlite3.Connection, job_id: str, status: str, now: float, lease: Lease | None = None
+    conn: Tx, job_id: str, status: str, now: float, lease: Lease | None = None
 ) -> bool:
     """Move a live job to ``status``; a terminal status also touches it and
     releases its lease. Given a ``lease``, only while the job is held with it.
@@ -226,7 +226,7 @@ def set_job_status(
     return conn.execute(sql, (status, now, job_id, *_fence(lease))).rowcount == 1
 
 
-def cancel_job(conn: sqlite3.Connection, job_id: str, owner: str, now: float) -> bool:
+def cancel_job(conn: Tx, job_id: str, owner: str, now: float) -> bool:
     """Cancel ``owner``'s live job, whichever runner holds it (that runner
     learns it at its next commit or beat, and releases the lease). False if
     there is no such live job of ``owner``'s."""
@@ -238,7 +238,7 @@ def cancel_job(conn: sqlite3.Connection, job_id: str, owner: str, now: float) ->
     return cur.rowcount == 1
 
 
-def job_status(conn: sqlite3.Connection, job_id: str, owner: str) -> JobStatus | None:
+def job_status(conn: Tx, job_id: str, owner: str) -> JobStatus | None:
     """The status of ``owner``'s job, or None if there is none."""
     row = conn.execute(
         "SELECT status FROM jobs WHERE id = ? AND owner = ?", (job_id, owner)
@@ -247,7 +247,7 @@ def job_status(conn: sqlite3.Connection, job_id: str, owner: str) -> JobStatus |
 
 
 def store_targets(
-    conn: sqlite3.Connection, outcomes: Sequence[TargetOutcome], now: float
+    conn: Tx, outcomes: Sequence[TargetOutcome], now: float
 ) -> tuple[dict[int, NotFound | Conflict], frozenset[int]]:
     """Store the outcomes of pending targets, adding their bytes to their
     jobs' and to the total. Returns, by index in ``outcomes``, those not
@@ -294,7 +294,7 @@ def store_targets(
     return refused, frozenset(cancelled)
 
 
-def _refusal(conn: sqlite3.Connection, o: TargetOutcome) -> NotFound | Conflict:
+def _refusal(conn: Tx, o: TargetOutcome) -> NotFound | Conflict:
     """Why the job of ``o`` refused it: gone, or held by another."""
     if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (o.job_id,)).fetchone() is None:
         return NotFound(f"no job {o.job_id!r}")
@@ -302,9 +302,7 @@ def _refusal(conn: sqlite3.Connection, o: TargetOutcome) -> NotFound | Conflict:
     return Conflict(f"job {o.job_id!r} is no longer leased to runner {owner}")
 
 
-def start_jobs(
-    conn: sqlite3.Connection, starting: Sequence[tuple[str, Lease | None]], now: float
-) -> None:
+def start_jobs(conn: Tx, starting: Sequence[tuple[str, Lease | None]], now: float) -> None:
     """Move these jobs from ``queued`` to ``running``, each only while held
     with its lease (if given); those in another status stay as they are."""
     if starting:  # executemany costs a statement's preparation even for none
@@ -312,7 +310,7 @@ def start_jobs(
 
 
 def end_jobs(
-    conn: sqlite3.Connection,
+    conn: Tx,
     outcomes: Sequence[TargetOutcome],
     refused: Container[int],
     now: float,
@@ -328,13 +326,13 @@ def end_jobs(
     )
 
 
-def total_bytes(conn: sqlite3.Connection) -> int:
+def total_bytes(conn: Tx) -> int:
     """The stored bytes of every job, live and terminal."""
     (total,) = conn.execute("SELECT total FROM job_bytes").fetchone()
     return int(total)
 
 
-def evict(conn: sqlite3.Connection, max_bytes: int) -> list[str]:
+def evict(conn: Tx, max_bytes: int) -> list[str]:
     """Delete terminal jobs, least recently touched first (creation order breaks
     ties), until the stored bytes are within ``max_bytes`` or no terminal job
     is left. Live jobs are never evicted. Returns the evicted ids, in order.
@@ -361,7 +359,7 @@ def evict(conn: sqlite3.Connection, max_bytes: int) -> list[str]:
     return evicted
 
 
-def get_job(conn: sqlite3.Connection, job_id: str, owner: str) -> JobRow | None:
+def get_job(conn: Tx, job_id: str, owner: str) -> JobRow | None:
     """The job with its targets, or None if there is none of this owner's."""
     row = conn.execute(
         "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id"
@@ -371,7 +369,7 @@ def get_job(conn: sqlite3.Connection, job_id: str, owner: str) -> JobRow | None:
     return None if row is None else _with_targets(conn, row)
 
 
-def find_job(conn: sqlite3.Connection, job_id: str) -> JobRow | None:
+def find_job(conn: Tx, job_id: str) -> JobRow | None:
     """The job with its targets, whoever owns it, or None."""
     row = conn.execute(
         "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id"
@@ -381,9 +379,7 @@ def find_job(conn: sqlite3.Connection, job_id: str) -> JobRow | None:
     return None if row is None else _with_targets(conn, row)
 
 
-def list_jobs(
-    conn: sqlite3.Connection, *, owner: str | None = None, status: str | None = None
-) -> list[JobSummary]:
+def list_jobs(conn: Tx, *, owner: str | None = None, status: str | None = None) -> list[JobSummary]:
     """Every job (of ``owner``, in ``status``, when given) in creation order."""
     rows = conn.execute(
         "SELECT id, owner, jobs.status, created_at, updated_at, nbytes,"
@@ -398,7 +394,7 @@ def list_jobs(
     return [JobSummary(*row) for row in rows]
 
 
-def load_jobs(conn: sqlite3.Connection, job_ids: Sequence[str]) -> list[JobRow]:
+def load_jobs(conn: Tx, job_ids: Sequence[str]) -> list[JobRow]:
     """These jobs, with their targets, in creation order."""
     rows: list[Any] = []
     for start in range(0, len(job_ids), 500):
@@ -413,7 +409,7 @@ def load_jobs(conn: sqlite3.Connection, job_ids: Sequence[str]) -> list[JobRow]:
 
 
 def interrupt(
-    conn: sqlite3.Connection, job_id: str, hint: str, now: float, lease: Lease | None = None
+    conn: Tx, job_id: str, hint: str, now: float, lease: Lease | None = None
 ) -> tuple[str, int] | None:
     """End a live job that no runner will go on with: its pending targets
     ``failed`` with error ``interrupted`` and ``hint``, then its status by its
@@ -441,7 +437,7 @@ def interrupt(
     return status, cur.rowcount
 
 
-def _with_targets(conn: sqlite3.Connection, row: Any) -> JobRow:
+def _with_targets(conn: Tx, row: Any) -> JobRow:
     job_id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id = row
     targets = tuple(
         TargetRow(*t)
@@ -456,7 +452,7 @@ def _with_targets(conn: sqlite3.Connection, row: Any) -> JobRow:
     )
 
 
-def touch_job(conn: sqlite3.Connection, job_id: str, owner: str, now: float) -> bool:
+def touch_job(conn: Tx, job_id: str, owner: str, now: float) -> bool:
     """Mark the job as just used, so eviction takes it last; False if there is
     none of this owner's."""
     cur = conn.execute(

@@ -24,14 +24,13 @@ Functions take an open transaction's connection and run inside it.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import jobs
+from .db import Tx, in_list
 from .jobs import JobRow
 from .schema import LIVE_JOB
 
@@ -42,6 +41,8 @@ HOST = socket.gethostname()
 
 #: The most jobs of gone runners one beat ends or takes without room.
 ORPHANS_PER_BEAT = 1000
+#: A LIMIT that takes every row (both dialects accept it; PostgreSQL refuses -1).
+NO_LIMIT = 2**62
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,7 @@ class Beat:
     taken: list[tuple[JobRow, int]]
 
 
-def register(conn: sqlite3.Connection, runner_id: str, now: float, lapse: float) -> None:
+def register(conn: Tx, runner_id: str, now: float, lapse: float) -> None:
     """Record a new runner of this process, alive as of ``now``, whose leases
     last ``lapse`` seconds."""
     conn.execute(
@@ -67,7 +68,7 @@ def register(conn: sqlite3.Connection, runner_id: str, now: float, lapse: float)
     )
 
 
-def retire(conn: sqlite3.Connection, runner_id: str) -> None:
+def retire(conn: Tx, runner_id: str) -> None:
     """The runner closed: it holds no lease any more, so the next runner with
     room takes its live jobs at once."""
     conn.execute("UPDATE runners SET closed = 1 WHERE id = ?", (runner_id,))
@@ -75,7 +76,7 @@ def retire(conn: sqlite3.Connection, runner_id: str) -> None:
 
 
 def beat(
-    conn: sqlite3.Connection,
+    conn: Tx,
     runner_id: str,
     now: float,
     lapse: float,
@@ -104,12 +105,13 @@ def beat(
     ended: set[str] = set()
     # The one renewal statement: every lease of the runner, live or not; a
     # terminal job's lease is released unless kept.
+    kept, kept_args = in_list("id", keep)
     for job_id, token, status in conn.execute(
         "UPDATE jobs SET lease_until = ?,"
-        " lease_owner = CASE WHEN status IN ('queued', 'running')"
-        " OR id IN (SELECT value FROM json_each(?)) THEN lease_owner END"
+        f" lease_owner = CASE WHEN status IN ('queued', 'running') OR {kept}"
+        " THEN lease_owner END"
         " WHERE lease_owner = ? RETURNING id, lease_token, status",
-        (now + lapse, json.dumps(list(keep)), runner_id),
+        (now + lapse, *kept_args, runner_id),
     ):
         if status in LIVE_JOB:
             held[job_id] = token
@@ -119,32 +121,29 @@ def beat(
     # A lease is free once lapsed by its own expiry, or once its owner closed
     # or died; a waiting job is an orphan once the runner it was submitted
     # through is gone, silent runners included.
-    dead = json.dumps(ended_runners)
-    gone = json.dumps(ended_runners + silent)
-    free = (
-        "(lease_owner IS NULL OR lease_until < ?"
-        " OR lease_owner IN (SELECT value FROM json_each(?)))"
-    )
+    dead, dead_args = in_list("lease_owner", ended_runners)
+    gone, gone_args = in_list("runner_id", ended_runners + silent)
+    free = f"(lease_owner IS NULL OR lease_until < ? OR {dead})"
     ids: list[str] = []
     if room is None or room > 0:
         home = "" if foreign else " AND runner_id = ?"
         ids += _ids(
             conn,
             f"{free}{home}",
-            (now, dead, *(() if foreign else (runner_id,))),
-            -1 if room is None else room,
+            (now, *dead_args, *(() if foreign else (runner_id,))),
+            NO_LIMIT if room is None else room,
         )
     if not foreign:
         ids += _ids(
             conn,
-            f"{free} AND (runner_id IS NULL OR runner_id IN (SELECT value FROM json_each(?)))",
-            (now, dead, gone),
+            f"{free} AND (runner_id IS NULL OR {gone})",
+            (now, *dead_args, *gone_args),
             ORPHANS_PER_BEAT,
         )
     return Beat(held, frozenset(ended), _lease(conn, runner_id, ids, now + lapse))
 
 
-def halted(conn: sqlite3.Connection, runner_id: str) -> list[str]:
+def halted(conn: Tx, runner_id: str) -> list[str]:
     """Ids of the jobs leased to ``runner_id`` that are terminal already."""
     return [
         job_id
@@ -155,7 +154,7 @@ def halted(conn: sqlite3.Connection, runner_id: str) -> list[str]:
     ]
 
 
-def _give_back_stall(conn: sqlite3.Connection, now: float, lapse: float) -> None:
+def _give_back_stall(conn: Tx, now: float, lapse: float) -> None:
     """Add to every lease the time since the last beat, if that is more than
     half a lease: no runner could beat meanwhile (runners beat three times a
     lease), so the store could not be written (guarantee 2)."""
@@ -169,7 +168,7 @@ def _give_back_stall(conn: sqlite3.Connection, now: float, lapse: float) -> None
     conn.execute("UPDATE lease_clock SET beat_at = ?", (now,))
 
 
-def _gone(conn: sqlite3.Connection, runner_id: str, now: float) -> tuple[list[str], list[str]]:
+def _gone(conn: Tx, runner_id: str, now: float) -> tuple[list[str], list[str]]:
     """The runners other than ``runner_id`` that are gone: those that closed
     or whose process has exited on this host, and those silent for longer
     than their own lease."""
@@ -186,7 +185,7 @@ def _gone(conn: sqlite3.Connection, runner_id: str, now: float) -> tuple[list[st
     return ended, silent
 
 
-def _ids(conn: sqlite3.Connection, where: str, args: tuple[object, ...], limit: int) -> list[str]:
+def _ids(conn: Tx, where: str, args: tuple[object, ...], limit: int) -> list[str]:
     """Ids of live jobs matching ``where``, in submit order, at most ``limit``."""
     return [
         job_id
@@ -198,9 +197,7 @@ def _ids(conn: sqlite3.Connection, where: str, args: tuple[object, ...], limit: 
     ]
 
 
-def _lease(
-    conn: sqlite3.Connection, runner_id: str, ids: list[str], until: float
-) -> list[tuple[JobRow, int]]:
+def _lease(conn: Tx, runner_id: str, ids: list[str], until: float) -> list[tuple[JobRow, int]]:
     """Lease these jobs to ``runner_id`` until ``until``, with a new token
     each; return them, oldest first, with that token."""
     tokens = dict(

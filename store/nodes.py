@@ -6,8 +6,8 @@ Functions take an open transaction's connection and run inside it.
 from __future__ import annotations
 
 import json
-import sqlite3
 
+from .db import Tx
 from .errors import NotFound
 from .match import labels
 from .shapes import Advert, NodeView
@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 
-def advertise(conn: sqlite3.Connection, advert: Advert, now: float) -> None:
+def advertise(conn: Tx, advert: Advert, now: float) -> None:
     """Add the node, or replace a known node's name and caps (its draining
     flag and lease stay as they are)."""
     if not isinstance(advert, Advert):
@@ -41,7 +41,7 @@ def advertise(conn: sqlite3.Connection, advert: Advert, now: float) -> None:
     )
 
 
-def require(conn: sqlite3.Connection, node_id: str, now: float | None = None) -> None:
+def require(conn: Tx, node_id: str, now: float | None = None) -> None:
     """Raise ``NotFound`` unless the node is known; given ``now``, note that
     the node was seen then."""
     if now is None:
@@ -54,7 +54,7 @@ def require(conn: sqlite3.Connection, node_id: str, now: float | None = None) ->
         raise NotFound(f"no node {node_id!r}: advertise it first")
 
 
-def set_draining(conn: sqlite3.Connection, node_id: str, draining: bool) -> None:
+def set_draining(conn: Tx, node_id: str, draining: bool) -> None:
     """Mark a node draining (it finishes its run, takes no new one) or not."""
     if (
         conn.execute(
@@ -65,7 +65,7 @@ def set_draining(conn: sqlite3.Connection, node_id: str, draining: bool) -> None
         raise NotFound(f"no node {node_id!r}: advertise it first")
 
 
-def adverts(conn: sqlite3.Connection) -> dict[str, Advert]:
+def adverts(conn: Tx) -> dict[str, Advert]:
     """Every advertised node, by id, with its caps as a frozenset."""
     return {
         node_id: Advert(node_id, name, frozenset(json.loads(caps)))
@@ -73,7 +73,7 @@ def adverts(conn: sqlite3.Connection) -> dict[str, Advert]:
     }
 
 
-def list_nodes(conn: sqlite3.Connection) -> list[NodeView]:
+def list_nodes(conn: Tx) -> list[NodeView]:
     """Every node, by id, with the lease it holds."""
     return [
         NodeView(node_id, name, frozenset(json.loads(caps)), bool(draining), seen, run, until)
@@ -84,7 +84,7 @@ def list_nodes(conn: sqlite3.Connection) -> list[NodeView]:
     ]
 
 
-def any_free(conn: sqlite3.Connection) -> bool:
+def any_free(conn: Tx) -> bool:
     """Whether some node could take a run now (neither busy nor draining):
     one query, without reading what the nodes advertise."""
     return (
@@ -96,7 +96,7 @@ def any_free(conn: sqlite3.Connection) -> bool:
     )
 
 
-def unavailable(conn: sqlite3.Connection) -> set[str]:
+def unavailable(conn: Tx) -> set[str]:
     """Nodes that take no new run: busy (holding a lease) or draining. Submit
     and promotion both place runs only outside this set."""
     return {

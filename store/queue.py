@@ -9,10 +9,10 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
 
 from . import match, nodes, record, runs
+from .db import Tx
 from .shapes import Advert, Assignment
 
 __all__ = ["promote", "wake"]
@@ -21,7 +21,7 @@ __all__ = ["promote", "wake"]
 PAGE = 64
 
 
-def wake(conn: sqlite3.Connection, now: float, lease_ttl: float, max_leases: int) -> list[str]:
+def wake(conn: Tx, now: float, lease_ttl: float, max_leases: int) -> list[str]:
     """Scan the QUEUED runs in FIFO order (``created_at``, then id) and promote
     every run that fits the available nodes now; return their ids, in order.
 
@@ -48,7 +48,7 @@ def wake(conn: sqlite3.Connection, now: float, lease_ttl: float, max_leases: int
     return promoted
 
 
-def _queued(conn: sqlite3.Connection) -> Iterator[tuple[str, list[tuple[int, frozenset[str]]]]]:
+def _queued(conn: Tx) -> Iterator[tuple[str, list[tuple[int, frozenset[str]]]]]:
     """The QUEUED runs with their steps' needs, in FIFO order, read a page at a
     time so that a scan that stops early reads little. ``created_at`` is unique
     and strictly increasing, so it alone orders the queue and pages it."""
@@ -69,7 +69,7 @@ def _queued(conn: sqlite3.Connection) -> Iterator[tuple[str, list[tuple[int, fro
 
 
 def promote(
-    conn: sqlite3.Connection,
+    conn: Tx,
     run_id: str,
     placed: Iterable[Assignment],
     ads: Mapping[str, Advert],

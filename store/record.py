@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .db import Tx
 from .errors import NotFound
 from .shapes import Assigned, Assignment
 
@@ -33,7 +33,7 @@ def label(assignments: Iterable[Assignment], adverts: Mapping[str, Any]) -> list
 
 
 def open_record(
-    conn: sqlite3.Connection,
+    conn: Tx,
     run_id: str,
     steps: Iterable[tuple[int, str]],
     assigned: Iterable[Assigned],
@@ -58,7 +58,7 @@ def open_record(
     )
 
 
-def fill_record(conn: sqlite3.Connection, run_id: str, assigned: Iterable[Assigned]) -> None:
+def fill_record(conn: Tx, run_id: str, assigned: Iterable[Assigned]) -> None:
     """Write the nodes a promotion chose into the run's Record."""
     nodes = {a.seq: a for a in assigned}
     body = _steps(conn, run_id)
@@ -71,9 +71,7 @@ def fill_record(conn: sqlite3.Connection, run_id: str, assigned: Iterable[Assign
     )
 
 
-def seal_record(
-    conn: sqlite3.Connection, run_id: str, state: str, reason: str | None, now: float
-) -> None:
+def seal_record(conn: Tx, run_id: str, state: str, reason: str | None, now: float) -> None:
     """Seal the Record of a run that just ended: its final state and reason,
     each step's final state, and a digest of it all. It never changes again."""
     body = _steps(conn, run_id)
@@ -105,7 +103,7 @@ def digest(content: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def get_record(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
+def get_record(conn: Tx, run_id: str) -> dict[str, Any]:
     """The run's Record as a dict; ``digest`` only once sealed."""
     row = conn.execute(
         "SELECT state, reason, opened_at, sealed_at, steps, digest FROM records WHERE run_id = ?",
@@ -127,7 +125,7 @@ def get_record(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
     return out
 
 
-def _steps(conn: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:
+def _steps(conn: Tx, run_id: str) -> list[dict[str, Any]]:
     (steps,) = conn.execute("SELECT steps FROM records WHERE run_id = ?", (run_id,)).fetchone()
     body: list[dict[str, Any]] = json.loads(steps)
     return body

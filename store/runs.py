@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import sqlite3
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from . import match, nodes, record
+from .db import Tx
 from .errors import Conflict, InvalidRun, NotFound, Unsatisfiable
 from .shapes import Assigned, Claim, RunView, Step, StepView
 
@@ -78,7 +78,7 @@ def check_steps(steps: object) -> tuple[list[CheckedStep], list[str]]:
 
 
 def submit(
-    conn: sqlite3.Connection,
+    conn: Tx,
     steps: object,
     run_id: str | None,
     *,
@@ -136,7 +136,7 @@ def _why_unsatisfiable(
 
 
 def insert_steps(
-    conn: sqlite3.Connection, run_id: str, steps: Iterable[CheckedStep], node_of: Mapping[int, str]
+    conn: Tx, run_id: str, steps: Iterable[CheckedStep], node_of: Mapping[int, str]
 ) -> None:
     """Insert a run's checked steps, each on ``node_of[seq]`` or on no node."""
     conn.executemany(
@@ -148,9 +148,7 @@ def insert_steps(
     )
 
 
-def issue_leases(
-    conn: sqlite3.Connection, run_id: str, node_ids: Iterable[str], not_after: float
-) -> None:
+def issue_leases(conn: Tx, run_id: str, node_ids: Iterable[str], not_after: float) -> None:
     """Lease each node to the run until ``not_after``. A node that holds a
     lease already is refused by the primary key (``sqlite3.IntegrityError``)."""
     conn.executemany(
@@ -159,7 +157,7 @@ def issue_leases(
     )
 
 
-def get(conn: sqlite3.Connection, run_id: str) -> RunView:
+def get(conn: Tx, run_id: str) -> RunView:
     """The run as stored; ``NotFound`` if there is none."""
     row = conn.execute(
         "SELECT state, reason, created_at, started_at, ended_at, warnings FROM runs WHERE id = ?",
@@ -194,7 +192,7 @@ def get(conn: sqlite3.Connection, run_id: str) -> RunView:
     )
 
 
-def list_ids(conn: sqlite3.Connection, state: str | None) -> list[str]:
+def list_ids(conn: Tx, state: str | None) -> list[str]:
     """Run ids in FIFO order (``created_at``, then id), of one state or all."""
     if state is None:
         rows = conn.execute("SELECT id FROM runs ORDER BY created_at, id")
@@ -203,7 +201,7 @@ def list_ids(conn: sqlite3.Connection, state: str | None) -> list[str]:
     return [run_id for (run_id,) in rows]
 
 
-def claim(conn: sqlite3.Connection, node_id: str, now: float, lease_ttl: float) -> Claim | None:
+def claim(conn: Tx, node_id: str, now: float, lease_ttl: float) -> Claim | None:
     """The next step this node may run, now RUNNING, with the node's lease
     renewed; None if it has none. A step is claimable once every step before
     it in its run has SUCCEEDED, and only by the node it is assigned to."""
@@ -227,7 +225,7 @@ def claim(conn: sqlite3.Connection, node_id: str, now: float, lease_ttl: float) 
 
 
 def report(
-    conn: sqlite3.Connection,
+    conn: Tx,
     node_id: str,
     run_id: str,
     seq: int,
@@ -283,7 +281,7 @@ def report(
     return False
 
 
-def heartbeat(conn: sqlite3.Connection, node_id: str, now: float, lease_ttl: float) -> float | None:
+def heartbeat(conn: Tx, node_id: str, now: float, lease_ttl: float) -> float | None:
     """Extend the node's lease to ``now + lease_ttl``; return the new end, or
     None if the node holds no lease."""
     nodes.require(conn, node_id, now)
@@ -294,7 +292,7 @@ def heartbeat(conn: sqlite3.Connection, node_id: str, now: float, lease_ttl: flo
     return None if row is None else float(row[0])
 
 
-def reap(conn: sqlite3.Connection, now: float) -> list[str]:
+def reap(conn: Tx, now: float) -> list[str]:
     """Fail every run holding a lease that expired at or before ``now``. A
     QUEUED run holds no lease, so it is never touched."""
     expired = conn.execute(
@@ -307,7 +305,7 @@ def reap(conn: sqlite3.Connection, now: float) -> list[str]:
     return [run_id for run_id, _ in expired]
 
 
-def cancel(conn: sqlite3.Connection, run_id: str, now: float) -> bool:
+def cancel(conn: Tx, run_id: str, now: float) -> bool:
     """Fail a QUEUED or RUNNING run with reason ``cancelled``; False for an
     unknown or terminal run."""
     row = conn.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -317,9 +315,7 @@ def cancel(conn: sqlite3.Connection, run_id: str, now: float) -> bool:
     return True
 
 
-def end_run(
-    conn: sqlite3.Connection, run_id: str, state: str, reason: str | None, now: float
-) -> None:
+def end_run(conn: Tx, run_id: str, state: str, reason: str | None, now: float) -> None:
     """End a run: unfinished steps FAILED, every lease released, the run's
     state and end written, its Record sealed."""
     conn.execute(

@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import logging
 import math
-import sqlite3
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from . import jobs, leases, nodes, queue, record, runs
-from .db import Database, Synchronous
+from .db import Database, Synchronous, Tx
 from .errors import StoreError
 from .jobs import JobRow, JobSummary, Lease, Stored, TargetOutcome
 from .leases import Beat
 from .schema import JobStatus
 from .shapes import RUN_STATES, Advert, Claim, NodeView, RunView, Step
+from .sqlite import SQLiteDatabase
 
 __all__ = ["Store", "open"]
 
@@ -26,8 +25,12 @@ log = logging.getLogger("store")
 
 
 class Store:
-    """A store file, opened. Safe to share between threads; several ``Store``
-    objects, in one process or several, may open the same file.
+    """A store, opened: a file, or a PostgreSQL database. Safe to share
+    between threads; several ``Store`` objects, in one process or several
+    (on PostgreSQL, on several hosts), may open the same store.
+
+    Each method is one transaction (:meth:`Database.write` or ``read``),
+    and takes its time from the transaction: the store's one clock.
 
     Use :func:`open` to get one. Closing is idempotent; a closed store raises
     ``StoreError`` on every call.
@@ -40,7 +43,7 @@ class Store:
 
     @property
     def path(self) -> str:
-        """The file this store was opened on."""
+        """The file this store was opened on, or its URL (without a password)."""
         return self._db.path
 
     def close(self) -> None:
@@ -76,27 +79,26 @@ class Store:
         submitted through runner ``runner_id``; given ``lease_for``, leased
         to that runner for so many seconds (token 1), else waiting for any
         runner with room."""
-        with self._db.transaction() as conn:
-            now = time.time()
-            until = None if lease_for is None else now + lease_for
-            jobs.create_job(conn, job_id, owner, refs, now, runner_id=runner_id, lease_until=until)
+
+        def create(tx: Tx) -> None:
+            until = None if lease_for is None else tx.now + lease_for
+            jobs.create_job(tx, job_id, owner, refs, tx.now, runner_id=runner_id, lease_until=until)
+
+        self._db.write(create)
 
     def set_job_status(self, job_id: str, status: str, lease: Lease | None = None) -> bool:
         """Move a live job to ``status``; False if it is gone, already terminal
         or (given ``lease``) held by another."""
-        with self._db.transaction() as conn:
-            return jobs.set_job_status(conn, job_id, status, time.time(), lease)
+        return self._db.write(lambda tx: jobs.set_job_status(tx, job_id, status, tx.now, lease))
 
     def cancel_job(self, job_id: str, owner: str) -> bool:
         """Cancel ``owner``'s live job, whichever runner holds it; False if
         there is no such live job."""
-        with self._db.transaction() as conn:
-            return jobs.cancel_job(conn, job_id, owner, time.time())
+        return self._db.write(lambda tx: jobs.cancel_job(tx, job_id, owner, tx.now))
 
     def job_status(self, job_id: str, owner: str) -> JobStatus | None:
         """The status of ``owner``'s job, or None if there is none."""
-        with self._db.transaction(write=False) as conn:
-            return jobs.job_status(conn, job_id, owner)
+        return self._db.read(lambda tx: jobs.job_status(tx, job_id, owner))
 
     def store_target(
         self,
@@ -118,11 +120,14 @@ class Store:
         already stored; nothing is written then.
         """
         outcome = TargetOutcome(job_id, pos, status, result, error, hint, job_status)
-        with self._db.transaction() as conn:
-            stored = _store_targets(conn, [outcome], max_bytes)
+
+        def store_one(tx: Tx) -> list[str]:
+            stored = _store_targets(tx, [outcome], max_bytes)
             if stored.refused:
                 raise stored.refused[0]  # rolls the transaction back
             return stored.evicted
+
+        return self._db.write(store_one)
 
     def store_targets(
         self,
@@ -138,36 +143,34 @@ class Store:
         another's, its target stored already) does not stop the others.
         First, the ``starting`` jobs (id and lease) still ``queued`` become
         ``running``."""
-        with self._db.transaction() as conn:
-            jobs.start_jobs(conn, starting, time.time())
-            return _store_targets(conn, outcomes, max_bytes)
+
+        def store(tx: Tx) -> Stored:
+            jobs.start_jobs(tx, starting, tx.now)
+            return _store_targets(tx, outcomes, max_bytes)
+
+        return self._db.write(store)
 
     def get_job(self, job_id: str, owner: str) -> JobRow | None:
         """The job and its targets, or None if ``owner`` has no such job."""
-        with self._db.transaction(write=False) as conn:
-            return jobs.get_job(conn, job_id, owner)
+        return self._db.read(lambda tx: jobs.get_job(tx, job_id, owner))
 
     def find_job(self, job_id: str) -> JobRow | None:
         """The job and its targets whoever owns it, or None: for an operator's
         tools. A service answering its callers uses :meth:`get_job`."""
-        with self._db.transaction(write=False) as conn:
-            return jobs.find_job(conn, job_id)
+        return self._db.read(lambda tx: jobs.find_job(tx, job_id))
 
     def list_jobs(self, *, owner: str | None = None, status: str | None = None) -> list[JobSummary]:
         """Every stored job, in creation order, with its target counts; only
         ``owner``'s, or only those in ``status``, when given."""
-        with self._db.transaction(write=False) as conn:
-            return jobs.list_jobs(conn, owner=owner, status=status)
+        return self._db.read(lambda tx: jobs.list_jobs(tx, owner=owner, status=status))
 
     def touch_job(self, job_id: str, owner: str) -> bool:
         """Mark the job used now, so eviction takes it last; False if unknown."""
-        with self._db.transaction() as conn:
-            return jobs.touch_job(conn, job_id, owner, time.time())
+        return self._db.write(lambda tx: jobs.touch_job(tx, job_id, owner, tx.now))
 
     def evict(self, max_bytes: int) -> list[str]:
         """Evict terminal jobs, least recently touched first, down to ``max_bytes``."""
-        with self._db.transaction() as conn:
-            return jobs.evict(conn, max_bytes)
+        return self._db.write(lambda tx: jobs.evict(tx, max_bytes))
 
     def interrupt_job(
         self, job_id: str, hint: str, lease: Lease | None = None
@@ -176,16 +179,14 @@ class Store:
         error ``interrupted``); return its terminal status and how many
         targets that failed, or None if it is not live (or not held with
         ``lease``)."""
-        with self._db.transaction() as conn:
-            return jobs.interrupt(conn, job_id, hint, time.time(), lease)
+        return self._db.write(lambda tx: jobs.interrupt(tx, job_id, hint, tx.now, lease))
 
     # -- batch runners ---------------------------------------------------------
 
     def register_runner(self, runner_id: str, lapse: float = 5.0) -> None:
         """Record a runner of this process as alive, its leases ``lapse``
         seconds long (it is gone once silent for that long)."""
-        with self._db.transaction() as conn:
-            leases.register(conn, runner_id, time.time(), lapse)
+        self._db.write(lambda tx: leases.register(tx, runner_id, tx.now, lapse))
 
     def beat_runner(
         self,
@@ -198,56 +199,49 @@ class Store:
     ) -> Beat:
         """One beat of the runner: renew its leases for ``lapse`` seconds and
         take jobs no live runner holds (see ``leases.beat``)."""
-        with self._db.transaction() as conn:
-            return leases.beat(
-                conn, runner_id, time.time(), lapse, room=room, foreign=foreign, keep=keep
+        return self._db.write(
+            lambda tx: leases.beat(
+                tx, runner_id, tx.now, lapse, room=room, foreign=foreign, keep=keep
             )
+        )
 
     def halted_jobs(self, runner_id: str) -> list[str]:
         """Ids of the jobs leased to the runner that are terminal already
         (cancelled through another runner)."""
-        with self._db.transaction(write=False) as conn:
-            return leases.halted(conn, runner_id)
+        return self._db.read(lambda tx: leases.halted(tx, runner_id))
 
     def retire_runner(self, runner_id: str) -> None:
         """The runner closed: its leases are released, and the next runner
         with room takes its live jobs at once."""
-        with self._db.transaction() as conn:
-            leases.retire(conn, runner_id)
+        self._db.write(lambda tx: leases.retire(tx, runner_id))
 
     def total_bytes(self) -> int:
         """The stored bytes of every job, live and terminal."""
-        with self._db.transaction(write=False) as conn:
-            return jobs.total_bytes(conn)
+        return self._db.read(jobs.total_bytes)
 
     # -- nodes ---------------------------------------------------------------
 
     def advertise(self, advert: Advert) -> None:
         """Add a node, or replace a known node's name and caps; wakes the queue."""
-        with self._db.transaction() as conn:
-            nodes.advertise(conn, advert, time.time())
+        self._db.write(lambda tx: nodes.advertise(tx, advert, tx.now))
         self._wake(f"advertise {advert.node_id}")
 
     def drain(self, node_id: str) -> None:
         """Let the node finish the run it holds and place no new run on it."""
-        with self._db.transaction() as conn:
-            nodes.set_draining(conn, node_id, True)
+        self._db.write(lambda tx: nodes.set_draining(tx, node_id, True))
 
     def undrain(self, node_id: str) -> None:
         """Let the node take runs again; wakes the queue."""
-        with self._db.transaction() as conn:
-            nodes.set_draining(conn, node_id, False)
+        self._db.write(lambda tx: nodes.set_draining(tx, node_id, False))
         self._wake(f"undrain {node_id}")
 
     def list_nodes(self) -> list[NodeView]:
         """Every advertised node, by id, with the lease it holds if busy."""
-        with self._db.transaction(write=False) as conn:
-            return nodes.list_nodes(conn)
+        return self._db.read(nodes.list_nodes)
 
     def unavailable_nodes(self) -> set[str]:
         """Nodes no run may be placed on now: busy (leased) or draining."""
-        with self._db.transaction(write=False) as conn:
-            return nodes.unavailable(conn)
+        return self._db.read(nodes.unavailable)
 
     # -- runs ----------------------------------------------------------------
 
@@ -255,61 +249,63 @@ class Store:
         """Store a run: RUNNING if every step can be placed now, else QUEUED.
         Raises ``InvalidRun``, ``Conflict`` (run id in use) or ``Unsatisfiable``;
         nothing is stored then."""
-        with self._db.transaction() as conn:
-            return runs.submit(
-                conn,
+        return self._db.write(
+            lambda tx: runs.submit(
+                tx,
                 steps,
                 run_id,
-                now=time.time(),
+                now=tx.now,
                 lease_ttl=self.lease_ttl,
                 max_leases=self.max_leases_per_run,
             )
+        )
 
     def get_run(self, run_id: str) -> RunView:
         """The run as stored; ``NotFound`` if there is none."""
-        with self._db.transaction(write=False) as conn:
-            return runs.get(conn, run_id)
+        return self._db.read(lambda tx: runs.get(tx, run_id))
 
     def list_runs(self, state: str | None = None) -> list[RunView]:
         """Runs in FIFO order (``created_at``, then id), of one state or all."""
         if state is not None and state not in RUN_STATES:
             raise ValueError(f"state must be one of {', '.join(RUN_STATES)}, not {state!r}")
-        with self._db.transaction(write=False) as conn:
-            return [runs.get(conn, run_id) for run_id in runs.list_ids(conn, state)]
+        return self._db.read(
+            lambda tx: [runs.get(tx, run_id) for run_id in runs.list_ids(tx, state)]
+        )
 
     def wake_queued(self, why: str = "") -> list[str]:
         """Promote, in FIFO order, every QUEUED run that fits now; return their ids."""
-        with self._db.transaction() as conn:
-            promoted = queue.wake(conn, time.time(), self.lease_ttl, self.max_leases_per_run)
+        promoted = self._db.write(
+            lambda tx: queue.wake(tx, tx.now, self.lease_ttl, self.max_leases_per_run)
+        )
         log.info("wake (%s): promoted %d run(s) %s", why or "asked", len(promoted), promoted)
         return promoted
 
     def claim_step(self, node_id: str) -> Claim | None:
         """The next step this node may run, now RUNNING (its lease renewed), or None."""
-        with self._db.transaction() as conn:
-            return runs.claim(conn, node_id, time.time(), self.lease_ttl)
+        return self._db.write(lambda tx: runs.claim(tx, node_id, tx.now, self.lease_ttl))
 
     def report_step(
         self, node_id: str, run_id: str, seq: int, ok: bool = True, output: object = None
     ) -> RunView:
         """Record how a step the node holds ended; wakes the queue if that
         freed a node. ``Conflict`` if the node does not hold that RUNNING step."""
-        with self._db.transaction() as conn:
-            freed = runs.report(conn, node_id, run_id, seq, ok=ok, output=output, now=time.time())
-            view = runs.get(conn, run_id)
+
+        def report(tx: Tx) -> tuple[bool, RunView]:
+            freed = runs.report(tx, node_id, run_id, seq, ok=ok, output=output, now=tx.now)
+            return freed, runs.get(tx, run_id)
+
+        freed, view = self._db.write(report)
         if freed:
             self._wake(f"report {run_id}/{seq} by {node_id}")
         return view
 
     def heartbeat(self, node_id: str) -> float | None:
         """Extend the node's lease by ``lease_ttl``; the new end, or None if it holds none."""
-        with self._db.transaction() as conn:
-            return runs.heartbeat(conn, node_id, time.time(), self.lease_ttl)
+        return self._db.write(lambda tx: runs.heartbeat(tx, node_id, tx.now, self.lease_ttl))
 
     def reap(self, now: float | None = None) -> list[str]:
         """Fail the runs holding a lease expired by ``now``; wakes the queue if any."""
-        with self._db.transaction() as conn:
-            failed = runs.reap(conn, time.time() if now is None else now)
+        failed = self._db.write(lambda tx: runs.reap(tx, tx.now if now is None else now))
         if failed:
             self._wake(f"reap {len(failed)} run(s)")
         return failed
@@ -317,16 +313,14 @@ class Store:
     def cancel_run(self, run_id: str) -> bool:
         """Fail a QUEUED or RUNNING run as ``cancelled`` (its Record sealed);
         False for an unknown or terminal run. Wakes the queue."""
-        with self._db.transaction() as conn:
-            cancelled = runs.cancel(conn, run_id, time.time())
+        cancelled = self._db.write(lambda tx: runs.cancel(tx, run_id, tx.now))
         if cancelled:
             self._wake(f"cancel {run_id}")
         return cancelled
 
     def record(self, run_id: str) -> dict[str, Any]:
         """The run's Record; sealed (with its digest) once the run ended."""
-        with self._db.transaction(write=False) as conn:
-            return record.get_record(conn, run_id)
+        return self._db.read(lambda tx: record.get_record(tx, run_id))
 
     def _wake(self, why: str) -> None:
         """Wake the queue after an event that may have freed capacity. The event
@@ -337,16 +331,13 @@ class Store:
             log.exception("wake (%s) failed; the next event will wake the queue", why)
 
 
-def _store_targets(
-    conn: sqlite3.Connection, outcomes: Sequence[TargetOutcome], max_bytes: int | None
-) -> Stored:
+def _store_targets(tx: Tx, outcomes: Sequence[TargetOutcome], max_bytes: int | None) -> Stored:
     """Store the outcomes, end the jobs, evict past ``max_bytes``: in this
     order, so that the budget holds once the commit is made. The jobs just
     ended were touched last, so they go last."""
-    now = time.time()
-    refused, cancelled = jobs.store_targets(conn, outcomes, now)
-    ended = jobs.end_jobs(conn, outcomes, refused, now)
-    evicted = [] if max_bytes is None else jobs.evict(conn, max_bytes)
+    refused, cancelled = jobs.store_targets(tx, outcomes, tx.now)
+    ended = jobs.end_jobs(tx, outcomes, refused, tx.now)
+    evicted = [] if max_bytes is None else jobs.evict(tx, max_bytes)
     return Stored(refused, ended, evicted, cancelled)
 
 
@@ -358,8 +349,14 @@ def open(
     synchronous: Synchronous = "NORMAL",
     readonly: bool = False,
 ) -> Store:
-    """Open (creating or migrating) the store file at ``path``, then wake the
+    """Open (creating or migrating) the store at ``path``, then wake the
     queue (capacity may have freed while no one had it open).
+
+    ``path`` is a file (SQLite, the default: nothing to install or start),
+    or a ``postgresql://`` (or ``postgres://``) URL: a libpq connection URI
+    naming a database, which needs ``pip install 'batch-store[postgres]'``.
+    On PostgreSQL the store keeps its tables in the connection's current
+    schema (``public`` unless the URL's ``options`` set ``search_path``).
 
     ``readonly=True`` opens an existing store for reading only: nothing is
     created, migrated or woken, and every writing method raises ``StoreError``.
@@ -368,7 +365,8 @@ def open(
     ``max_leases_per_run``: the most nodes one run may hold.
     ``synchronous="NORMAL"`` (the default) survives a crash of the process;
     ``"FULL"`` also survives power loss, at the cost of an fsync per commit.
-    Raises ``StoreError`` if the file cannot be used, naming it.
+    (PostgreSQL commits survive both; the server's ``synchronous_commit``
+    decides.) Raises ``StoreError`` if the store cannot be used, naming it.
     """
     if not isinstance(lease_ttl, int | float) or isinstance(lease_ttl, bool):
         raise TypeError(f"lease_ttl is a number of seconds, not {type(lease_ttl).__name__}")
@@ -379,10 +377,21 @@ def open(
     if max_leases_per_run < 1:
         raise ValueError(f"max_leases_per_run must be at least 1, not {max_leases_per_run}")
     db = Store(
-        Database(path, synchronous=synchronous, readonly=readonly),
+        _connect(path, synchronous=synchronous, readonly=readonly),
         lease_ttl=lease_ttl,
         max_leases_per_run=max_leases_per_run,
     )
     if not readonly:
         db._wake("open")
     return db
+
+
+def _connect(location: str | Path, *, synchronous: Synchronous, readonly: bool) -> Database:
+    """The engine for ``location``: PostgreSQL for a URL, else SQLite."""
+    if synchronous not in ("NORMAL", "FULL"):
+        raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
+    if isinstance(location, str) and location.startswith(("postgresql://", "postgres://")):
+        from .postgres import PostgresDatabase  # noqa: PLC0415 (psycopg is an optional extra)
+
+        return PostgresDatabase(location, readonly=readonly)
+    return SQLiteDatabase(location, synchronous=synchronous, readonly=readonly)

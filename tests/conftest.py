@@ -10,16 +10,14 @@ from pathlib import Path
 import pytest
 
 import store
-import store.store as store_module
-from tests.helpers import Clock
+from tests.helpers import Clock, store_clock
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+def clock() -> Iterator[Clock]:
     """A clock the test moves by hand, read by the store for every timestamp."""
-    c = Clock()
-    monkeypatch.setattr(store_module, "time", c)
-    return c
+    with store_clock(Clock()) as c:
+        yield c
 
 
 @pytest.fixture

@@ -9,8 +9,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
+from unittest import mock
 
 import batch
+from store.postgres import PostgresDatabase
+from store.sqlite import SQLiteDatabase
 
 TIMEOUT = 10.0
 
@@ -28,7 +31,7 @@ def within(seconds: float, pred: Callable[[], bool]) -> bool:
 
 
 class Clock:
-    """Stands in for the ``time`` module inside ``store.store``."""
+    """The store's clock, moved by the test (see :func:`store_clock`)."""
 
     def __init__(self, start: float = 1_700_000_000.0) -> None:
         self.now = start
@@ -38,6 +41,18 @@ class Clock:
 
     def tick(self, seconds: float = 1.0) -> None:
         self.now += seconds
+
+
+@contextlib.contextmanager
+def store_clock(clock: Clock) -> Iterator[Clock]:
+    """While the block runs, every store reads ``clock`` for the time of
+    each transaction, on either engine (in place of the host's or the
+    server's clock)."""
+    with (
+        mock.patch.object(SQLiteDatabase, "clock", lambda self: clock.time()),
+        mock.patch.object(PostgresDatabase, "clock", lambda self, server: clock.time()),
+    ):
+        yield clock
 
 
 class StepClock:

@@ -47,9 +47,8 @@ from hypothesis.stateful import (
 )
 
 import store
-import store.store as store_module
 from store import Conflict, Lease, TargetOutcome, ended_status
-from tests.helpers import Clock
+from tests.helpers import Clock, store_clock
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -229,13 +228,13 @@ class LeaseMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="leases-")
         self.clock = Clock()
-        self.patch = mock.patch.object(store_module, "time", self.clock)
-        self.patch.start()
+        self.patch = contextlib.ExitStack()
+        self.patch.enter_context(store_clock(self.clock))
         try:
             self.db = store.open(Path(self.dir) / "jobs.sqlite3")
             self.raw = sqlite3.connect(self.db.path)
         except BaseException:
-            self.patch.stop()
+            self.patch.close()
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
         self.model = Model(now=self.clock.now)
@@ -714,7 +713,7 @@ class LeaseMachine(RuleBasedStateMachine):
         finally:
             self.raw.close()
             self.db.close()
-            self.patch.stop()
+            self.patch.close()
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def finish(self) -> None:

@@ -1,0 +1,114 @@
+"""A throwaway PostgreSQL server for the tests: its data and its unix
+socket in a temporary directory, no TCP port, gone at the end of the run.
+
+Debian keeps ``initdb``, ``pg_ctl`` and ``postgres`` in a versioned
+directory under ``/usr/lib/postgresql/``, off PATH; as root, the server
+must run as another user, so it runs as ``postgres`` (``runuser``). When no
+server is installed, :func:`find_bin` installs Debian's package, once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["Server", "find_bin", "running"]
+
+USER = "postgres"
+
+
+def find_bin() -> Path | None:
+    """The directory holding ``initdb`` and ``pg_ctl`` (the newest version),
+    installing PostgreSQL from Debian's packages if it is absent; None if it
+    cannot be had."""
+    found = _newest()
+    if found is None and shutil.which("apt-get") and os.geteuid() == 0:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
+            subprocess.run(
+                ["apt-get", "install", "-y", "-qq", "postgresql"], check=True, env=env, timeout=900
+            )
+        found = _newest()
+    return found
+
+
+def _newest() -> Path | None:
+    dirs = [Path(d) for d in glob.glob("/usr/lib/postgresql/*/bin") if Path(d, "initdb").exists()]
+    for name in ("initdb", "pg_ctl"):
+        on_path = shutil.which(name)
+        if on_path and not dirs:
+            dirs.append(Path(on_path).parent)
+    if not dirs:
+        return None
+    return max(dirs, key=lambda d: int(d.parent.name) if d.parent.name.isdigit() else 0)
+
+
+class Server:
+    """One running server; :attr:`url` is its maintenance database."""
+
+    def __init__(self, bindir: Path, root: Path) -> None:
+        self.bindir = bindir
+        self.root = root
+        self.data = root / "data"
+        self.socket = root / "socket"
+        self.as_root = os.geteuid() == 0
+        self.user = USER if self.as_root else os.environ.get("USER", "postgres")
+
+    def url(self, dbname: str = "postgres") -> str:
+        """A libpq URI for ``dbname`` on this server, over its unix socket."""
+        return f"postgresql:///{dbname}?host={self.socket}&user={self.user}"
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bindir / args[0]), *args[1:]]
+        if self.as_root:
+            cmd = ["runuser", "-u", USER, "--", *cmd]
+        return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=120)
+
+    def start(self) -> None:
+        self.socket.mkdir(parents=True)
+        if self.as_root:
+            shutil.chown(self.root, USER)
+            shutil.chown(self.socket, USER)
+        self._run("initdb", "-D", str(self.data), "-U", self.user, "-A", "trust", "--no-sync")
+        # Durability off: this server's data is thrown away at the end.
+        options = (
+            f"-c listen_addresses='' -c unix_socket_directories={self.socket}"
+            " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+            " -c max_connections=300 -c shared_buffers=64MB"
+        )
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "log"), "-w",
+            "start",
+        )  # fmt: skip
+
+    def restart(self) -> None:
+        """Stop the server at once (closing every connection) and start it again."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "restart")
+
+    def stop(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop", check=False)
+
+    def log(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self.root / "log").read_text()
+        return ""
+
+
+@contextlib.contextmanager
+def running(bindir: Path) -> Iterator[Server]:
+    """A server for as long as the block runs."""
+    root = Path(tempfile.mkdtemp(prefix="batch-store-pg-"))
+    server = Server(bindir, root)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
