@@ -1,15 +1,27 @@
-"""Shared fixtures: a fresh store file per test, a clock the test moves, and a
-check that no test leaves a thread of its own running."""
+"""Shared fixtures: a fresh store per test on each engine (an SQLite file;
+a database of a throwaway PostgreSQL server), a clock the test moves, and
+a check that no test leaves a thread of its own running.
+
+A test that takes ``db`` or ``location`` runs once per engine. Without a
+PostgreSQL server (none installed, none installable), the PostgreSQL half
+is skipped, unless ``CI`` is set: then it fails.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import itertools
+import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import store
+from tests import pgserver
 from tests.helpers import Clock, store_clock
 
 
@@ -20,9 +32,81 @@ def clock() -> Iterator[Clock]:
         yield c
 
 
+ENGINES = ("sqlite", "postgres")
+TEMPLATE = "store_template"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[pgserver.Server | None]:
+    """One PostgreSQL server for the whole run, or None if there is none."""
+    bindir = pgserver.find_bin()
+    if bindir is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI is set, and no PostgreSQL server can be found or installed")
+        yield None
+        return
+    with pgserver.running(bindir) as server:
+        # Each test's database is a copy of one the store set up already.
+        with psycopg.connect(server.url(), autocommit=True) as admin:
+            admin.execute(f"CREATE DATABASE {TEMPLATE}")
+        store.open(server.url(TEMPLATE)).close()
+        yield server
+
+
+_names = itertools.count(1)
+
+
+@contextlib.contextmanager
+def fresh(engine: str, root: Path, server: pgserver.Server | None) -> Iterator[str]:
+    """Where a new store is, for as long as the block runs: a file path in
+    ``root`` (no file yet), or a PostgreSQL URL naming a database of its
+    own, the store's tables set up and empty, dropped afterwards."""
+    n = next(_names)
+    if engine == "sqlite":
+        yield str(root / f"jobs{n}.sqlite3")
+        return
+    if server is None:
+        pytest.skip("no PostgreSQL server here")
+    name = f"t{os.getpid()}_{n}"
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    try:
+        yield server.url(name)
+    finally:
+        with psycopg.connect(server.url(), autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.fixture(params=ENGINES)
+def fresh_location(
+    request: pytest.FixtureRequest, tmp_path: Path, pg_server: pgserver.Server | None
+) -> Callable[[], contextlib.AbstractContextManager[str]]:
+    """Makes new stores on one engine, one per call (for a test that needs
+    several, such as a state machine: one per example)."""
+    if request.param == "postgres" and pg_server is None:
+        pytest.skip("no PostgreSQL server here")
+    return functools.partial(fresh, request.param, tmp_path, pg_server)
+
+
 @pytest.fixture
-def db(tmp_path: Path) -> Iterator[store.Store]:
-    """A new store file in the test's own temporary directory."""
+def location(
+    fresh_location: Callable[[], contextlib.AbstractContextManager[str]],
+) -> Iterator[str]:
+    """Where a new store is, on each engine (see :func:`fresh`)."""
+    with fresh_location() as where:
+        yield where
+
+
+@pytest.fixture
+def db(location: str) -> Iterator[store.Store]:
+    """A new store, on each engine."""
+    with store.open(location) as s:
+        yield s
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path) -> Iterator[store.Store]:
+    """A new store file, for what only SQLite has (its file, its locks)."""
     with store.open(tmp_path / "jobs.sqlite3") as s:
         yield s
 

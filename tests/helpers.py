@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import socketserver
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from unittest import mock
+
+import psycopg
 
 import batch
 from store.postgres import PostgresDatabase
@@ -28,6 +31,72 @@ def within(seconds: float, pred: Callable[[], bool]) -> bool:
             return False
         idle.wait(0.001)
     return True
+
+
+class Raw:
+    """A connection of its own to the store at ``location``, as another
+    process would hold, on either engine: statements with ``?``
+    placeholders, each committed at once."""
+
+    def __init__(self, location: str) -> None:
+        self.pg = location.startswith("postgresql://")
+        if self.pg:
+            self._pg = psycopg.connect(location, autocommit=True)
+        else:
+            self._lite = sqlite3.connect(location, timeout=TIMEOUT, isolation_level=None)
+
+    def rows(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+        """The statement's rows (none for a statement that returns none)."""
+        if self.pg:
+            cur = self._pg.execute(sql.replace("?", "%s"), args)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description is not None else []
+        return self._lite.execute(sql, args).fetchall()
+
+    def one(self, sql: str, args: tuple[object, ...] = ()) -> tuple[Any, ...]:
+        """The statement's only row."""
+        (row,) = self.rows(sql, args)
+        return row
+
+    def close(self) -> None:
+        (self._pg if self.pg else self._lite).close()
+
+
+def raw(location: str, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+    """The rows of one statement, run through a connection of its own."""
+    conn = Raw(location)
+    try:
+        return conn.rows(sql, args)
+    finally:
+        conn.close()
+
+
+class Traced:
+    """A transaction that notes each statement it runs."""
+
+    def __init__(self, tx: Any, seen: list[str]) -> None:
+        self.tx, self.seen = tx, seen
+
+    @property
+    def now(self) -> float:
+        return float(self.tx.now)
+
+    def execute(self, sql: str, args: Any = ()) -> Any:
+        self.seen.append(f"{sql} {args!r}")
+        return self.tx.execute(sql, args)
+
+    def executemany(self, sql: str, rows: Any) -> Any:
+        self.seen.append(sql)
+        return self.tx.executemany(sql, rows)
+
+
+def trace(db: Any, monkeypatch: Any) -> list[str]:
+    """Note every statement the store ``db`` runs from now on (with its
+    arguments), on either engine."""
+    seen: list[str] = []
+    for name in ("read", "write"):
+        run = getattr(db._db, name)
+        monkeypatch.setattr(db._db, name, lambda fn, run=run: run(lambda tx: fn(Traced(tx, seen))))
+    return seen
 
 
 class Clock:

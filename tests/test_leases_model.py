@@ -25,12 +25,9 @@ Plain tests after it spell out the key facts one by one.
 from __future__ import annotations
 
 import contextlib
-import shutil
-import sqlite3
 import sys
-import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -48,7 +45,7 @@ from hypothesis.stateful import (
 
 import store
 from store import Conflict, Lease, TargetOutcome, ended_status
-from tests.helpers import Clock, store_clock
+from tests.helpers import Clock, Raw, raw, store_clock
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -224,18 +221,20 @@ class Actor:
 
 
 class LeaseMachine(RuleBasedStateMachine):
+    #: Makes a new store for each example (the test sets it, per engine).
+    fresh: Callable[[], contextlib.AbstractContextManager[str]]
+
     def __init__(self) -> None:
         super().__init__()
-        self.dir = tempfile.mkdtemp(prefix="leases-")
         self.clock = Clock()
         self.patch = contextlib.ExitStack()
-        self.patch.enter_context(store_clock(self.clock))
         try:
-            self.db = store.open(Path(self.dir) / "jobs.sqlite3")
-            self.raw = sqlite3.connect(self.db.path)
+            self.patch.enter_context(store_clock(self.clock))
+            self.db = self.patch.enter_context(store.open(self.patch.enter_context(self.fresh())))
+            self.raw = Raw(self.db.path)
+            self.patch.callback(self.raw.close)
         except BaseException:
             self.patch.close()
-            shutil.rmtree(self.dir, ignore_errors=True)
             raise
         self.model = Model(now=self.clock.now)
         self.actors: dict[str, Actor] = {}
@@ -270,9 +269,9 @@ class LeaseMachine(RuleBasedStateMachine):
         self.model.now = self.clock.now
 
     def raw_lease(self, job_id: str) -> tuple[str | None, int]:
-        owner, token = self.raw.execute(
+        owner, token = self.raw.one(
             "SELECT lease_owner, lease_token FROM jobs WHERE id = ?", (job_id,)
-        ).fetchone()
+        )
         return owner, token
 
     def do_beat(self, actor: Actor, room: int | None, foreign: bool, keep: bool = True) -> None:
@@ -664,7 +663,7 @@ class LeaseMachine(RuleBasedStateMachine):
         m = self.model
         jobs = [
             (job_id, status, owner, token, until, home)
-            for job_id, status, owner, token, until, home in self.raw.execute(
+            for job_id, status, owner, token, until, home in self.raw.rows(
                 "SELECT id, status, lease_owner, lease_token, lease_until, runner_id"
                 " FROM jobs ORDER BY seq"
             )
@@ -673,19 +672,19 @@ class LeaseMachine(RuleBasedStateMachine):
             (j.id, j.status, j.owner, j.token, j.until, j.home) for j in m.jobs.values()
         ]
         targets: dict[str, list[str]] = {}
-        for job_id, status in self.raw.execute(
+        for job_id, status in self.raw.rows(
             "SELECT job_id, status FROM targets ORDER BY job_id, pos"
         ):
             targets.setdefault(job_id, []).append(status)
         assert targets == {j.id: j.targets for j in m.jobs.values()}
         runners = {
             r: (hb, lapse, bool(closed))
-            for r, hb, lapse, closed in self.raw.execute(
+            for r, hb, lapse, closed in self.raw.rows(
                 "SELECT id, heartbeat_at, lapse, closed FROM runners"
             )
         }
         assert runners == {r: (x.heartbeat, x.lapse, x.closed) for r, x in m.runners.items()}
-        assert self.raw.execute("SELECT beat_at FROM lease_clock").fetchone() == (m.last_beat,)
+        assert self.raw.one("SELECT beat_at FROM lease_clock") == (m.last_beat,)
         for j in m.jobs.values():
             assert j.token >= self.tokens.get(j.id, 0), f"{j.id}'s token went down"
             self.tokens[j.id] = j.token
@@ -711,10 +710,7 @@ class LeaseMachine(RuleBasedStateMachine):
             if sys.exc_info()[1] is None:  # not after a failed step
                 self.finish()
         finally:
-            self.raw.close()
-            self.db.close()
             self.patch.close()
-            shutil.rmtree(self.dir, ignore_errors=True)
 
     def finish(self) -> None:
         for actor in self.in_mode("stopped"):
@@ -744,21 +740,29 @@ class LeaseMachine(RuleBasedStateMachine):
         # which nobody takes (it would have released them at its next beat).
         killed = {a.name for a in self.in_mode("killed")}
         assert all(j.owner is None or j.owner in killed for j in self.model.jobs.values())
-        assert self.raw.execute(
-            "SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')"
-        ).fetchone() == (0,)
+        assert self.raw.one("SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')") == (
+            0,
+        )
 
 
 SETTINGS = settings(max_examples=100, stateful_step_count=25, deadline=None)
 
 
-def test_leases_against_the_model() -> None:
+def test_leases_against_the_model(
+    fresh_location: Callable[[], contextlib.AbstractContextManager[str]],
+    request: pytest.FixtureRequest,
+) -> None:
     # A failing example shrinks for a minute at most (examples are costly:
-    # a store file each), so that it is reported well within the timeout.
+    # a store each), so that it is reported well within the timeout.
     with contextlib.ExitStack() as stack:
         if hasattr(hypothesis_engine, "MAX_SHRINKING_SECONDS"):
             stack.enter_context(mock.patch.object(hypothesis_engine, "MAX_SHRINKING_SECONDS", 60))
-        run_state_machine_as_test(LeaseMachine, settings=SETTINGS)
+        stack.enter_context(mock.patch.object(LeaseMachine, "fresh", fresh_location, create=True))
+        # A store costs ten times more on PostgreSQL (a database each, and a
+        # round trip per statement): fewer examples there, the same rules.
+        engine = request.node.callspec.params["fresh_location"]
+        examples = SETTINGS.max_examples if engine == "sqlite" else SETTINGS.max_examples // 3
+        run_state_machine_as_test(LeaseMachine, settings=settings(SETTINGS, max_examples=examples))
 
 
 # -- the key facts, one by one ------------------------------------------------------
@@ -766,10 +770,9 @@ def test_leases_against_the_model() -> None:
 
 def lease_of(db: store.Store, job_id: str) -> tuple[str | None, int, float | None]:
     """The job's lease as stored: owner, token, until."""
-    with contextlib.closing(sqlite3.connect(db.path)) as raw:
-        owner, token, until = raw.execute(
-            "SELECT lease_owner, lease_token, lease_until FROM jobs WHERE id = ?", (job_id,)
-        ).fetchone()
+    ((owner, token, until),) = raw(
+        db.path, "SELECT lease_owner, lease_token, lease_until FROM jobs WHERE id = ?", (job_id,)
+    )
     return owner, token, until
 
 

@@ -4,20 +4,20 @@ cancelling, and the sealed Record."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 import store
 import store.queue as store_queue
 import store.record as record_module
 import store.runs as runs_module
-from tests.helpers import Clock
+from tests.helpers import Clock, raw, trace
 
 FAR_FUTURE = 1e12
 
@@ -49,13 +49,12 @@ def step_nodes(db: store.Store, run_id: str) -> list[str]:
 
 def leases(db: store.Store) -> dict[str, tuple[str, float]]:
     """The lease rows, read through a connection of their own."""
-    with contextlib.closing(sqlite3.connect(db.path)) as conn:
-        return {
-            node_id: (run_id, not_after)
-            for node_id, run_id, not_after in conn.execute(
-                "SELECT node_id, run_id, not_after FROM leases"
-            )
-        }
+    return {
+        node_id: (run_id, not_after)
+        for node_id, run_id, not_after in raw(
+            db.path, "SELECT node_id, run_id, not_after FROM leases"
+        )
+    }
 
 
 def finish(db: store.Store, node_id: str, run_id: str) -> None:
@@ -393,9 +392,8 @@ def test_each_capacity_event_wakes_the_queue_after_its_commit(
     seen: list[tuple[object, ...]] = []
     real_wake = store_queue.wake
 
-    def spy(conn: sqlite3.Connection, *args: Any) -> list[str]:
-        with contextlib.closing(sqlite3.connect(db.path)) as other:
-            seen.append(other.execute(query).fetchone())
+    def spy(conn: Any, *args: Any) -> list[str]:
+        seen.append(raw(db.path, query)[0])
         return real_wake(conn, *args)
 
     monkeypatch.setattr(store_queue, "wake", spy)
@@ -807,14 +805,14 @@ def test_a_sealed_record_cannot_be_changed_even_directly_in_the_file(db: store.S
     content = {k: v for k, v in sealed.items() if k != "digest"}
     assert record_module.digest(content) == sealed["digest"]
 
-    with contextlib.closing(sqlite3.connect(db.path, isolation_level=None)) as conn:
-        with pytest.raises(sqlite3.DatabaseError, match="sealed"):
-            conn.execute("UPDATE records SET reason = 'forged' WHERE run_id = 'r'")
-        with pytest.raises(sqlite3.DatabaseError, match="sealed"):
-            conn.execute("UPDATE records SET sealed_at = NULL, digest = NULL WHERE run_id = 'r'")
-        with pytest.raises(sqlite3.DatabaseError, match="sealed"):
-            conn.execute("DELETE FROM records WHERE run_id = 'r'")
-        assert conn.execute("SELECT COUNT(*) FROM records").fetchone() == (1,)
+    for forgery in (
+        "UPDATE records SET reason = 'forged' WHERE run_id = 'r'",
+        "UPDATE records SET sealed_at = NULL, digest = NULL WHERE run_id = 'r'",
+        "DELETE FROM records WHERE run_id = 'r'",
+    ):
+        with pytest.raises((sqlite3.DatabaseError, psycopg.Error), match="sealed"):
+            raw(db.path, forgery)
+    assert raw(db.path, "SELECT COUNT(*) FROM records") == [(1,)]
 
     assert db.record("r") == sealed
 
@@ -843,9 +841,8 @@ def test_the_lease_key_refuses_a_second_lease_on_a_node(db: store.Store) -> None
     assert db.get_run("other").state == "QUEUED"
     before = snapshot(db, "holder", "other")
 
-    with pytest.raises(store.StoreError) as caught, db._db.transaction() as conn:
-        runs_module.issue_leases(conn, "other", {"n0", "n1"}, FAR_FUTURE)
-    assert isinstance(caught.value.__cause__, sqlite3.IntegrityError)
+    with pytest.raises(store.Conflict):
+        db._db.write(lambda tx: runs_module.issue_leases(tx, "other", {"n0", "n1"}, FAR_FUTURE))
 
     assert snapshot(db, "holder", "other") == before
     assert set(leases(db)) == {"n1"}
@@ -1114,7 +1111,9 @@ def test_list_nodes_shows_caps_draining_and_the_lease_held(db: store.Store, cloc
     assert (n2.node_id, n2.draining, n2.run_id, n2.not_after) == ("n2", True, None, None)
 
 
-def test_wake_with_no_free_node_reads_no_advert_or_queue(db: store.Store) -> None:
+def test_wake_with_no_free_node_reads_no_advert_or_queue(
+    db: store.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With every node busy or draining, wake answers from one query: it
     reads neither the adverts nor the queue (what keeps it cheap however
     long the queue is)."""
@@ -1123,10 +1122,7 @@ def test_wake_with_no_free_node_reads_no_advert_or_queue(db: store.Store) -> Non
     db.submit_run([step("a", "linux")])
     db.drain("n2")
     db.submit_run([step("b", "linux")])
-    seen: list[str] = []
-    db._db._conn.set_trace_callback(seen.append)
-    try:
-        assert db.wake_queued("test") == []
-    finally:
-        db._db._conn.set_trace_callback(None)
+    seen = trace(db, monkeypatch)
+    assert db.wake_queued("test") == []
+    assert seen
     assert not any("caps" in sql or "steps" in sql for sql in seen), seen

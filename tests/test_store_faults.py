@@ -15,7 +15,7 @@ import pytest
 import batch
 import store
 import store.sqlite
-from tests.helpers import TIMEOUT, Script
+from tests.helpers import TIMEOUT, Script, trace
 
 
 def test_a_new_store_file_is_private_to_its_owner(tmp_path: Path) -> None:
@@ -136,23 +136,20 @@ def test_hostile_refs_are_stored_intact(db: store.Store, ref: str) -> None:
     assert db.total_bytes() > 0
 
 
-def test_unknown_and_foreign_ids_take_the_same_path(db: store.Store) -> None:
+def test_unknown_and_foreign_ids_take_the_same_path(
+    db: store.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Another caller's job is looked up exactly as an unknown one: the same
     single query, the same error and message."""
-    statements: list[str] = []
     alice, bob = batch.Caller("alice"), batch.Caller("bob")
     with batch.Runner(db, Script()) as r:
         job_id = r.wait(alice, r.submit(alice, ["x"]), TIMEOUT).id
-        conn = db._db._conn
-        conn.set_trace_callback(statements.append)
-        try:
-            errors = []
-            for probe in (job_id, "f" * 32):
-                with pytest.raises(batch.JobNotFound) as e:
-                    r.status(bob, probe)
-                errors.append(str(e.value).replace(probe, "ID"))
-        finally:
-            conn.set_trace_callback(None)
+        statements = trace(db, monkeypatch)
+        errors = []
+        for probe in (job_id, "f" * 32):
+            with pytest.raises(batch.JobNotFound) as e:
+                r.status(bob, probe)
+            errors.append(str(e.value).replace(probe, "ID"))
     assert errors[0] == errors[1]
     selects = [s for s in statements if s.startswith("SELECT")]
     assert len(selects) == 2
@@ -185,11 +182,12 @@ class FlakyConnection:
     [("UPDATE targets", "database is locked"), ("COMMIT", "database or disk is full")],
 )
 def test_sqlite_errors_under_the_runner_lose_nothing(
-    db: store.Store, monkeypatch: pytest.MonkeyPatch, prefix: str, message: str
+    sqlite_db: store.Store, monkeypatch: pytest.MonkeyPatch, prefix: str, message: str
 ) -> None:
     """SQLite refusing statements (locked, disk full, even at COMMIT) under a
     running runner: every target is fetched once and stored once, the jobs
     end as their targets say, and the file stays whole."""
+    db = sqlite_db
     script = Script()
     alice = batch.Caller("alice")
     refs = [[f"j{j}-{i}" for i in range(4)] for j in range(3)]
