@@ -15,7 +15,7 @@ from unittest import mock
 import psycopg
 
 import batch
-from store.postgres import PostgresDatabase
+from store.postgres import LOCK_KEY, PostgresDatabase
 from store.sqlite import SQLiteDatabase
 
 TIMEOUT = 10.0
@@ -52,6 +52,15 @@ class Raw:
             return cur.fetchall() if cur.description is not None else []
         return self._lite.execute(sql, args).fetchall()
 
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Read the statements of the block from one snapshot."""
+        self.rows("BEGIN ISOLATION LEVEL REPEATABLE READ" if self.pg else "BEGIN")
+        try:
+            yield
+        finally:
+            self.rows("COMMIT")
+
     def one(self, sql: str, args: tuple[object, ...] = ()) -> tuple[Any, ...]:
         """The statement's only row."""
         (row,) = self.rows(sql, args)
@@ -68,6 +77,57 @@ def raw(location: str, sql: str, args: tuple[object, ...] = ()) -> list[tuple[An
         return conn.rows(sql, args)
     finally:
         conn.close()
+
+
+def hold_write_lock(location: str, seconds: float) -> tuple[float, float]:
+    """Hold the store's write lock for ``seconds`` from another connection
+    (what a stuck or slow process does to every runner): SQLite's file lock,
+    or the advisory lock PostgreSQL writers take. Returns when it was taken
+    and when it was let go, by ``time.time()``."""
+    with _write_lock(location, wait=True) as taken:
+        assert taken
+        began = time.time()
+        try:
+            threading.Event().wait(max(0.0, seconds))  # allow-sleep: the fault's length
+        finally:
+            ended = time.time()
+    return began, ended
+
+
+def write_locked(location: str) -> bool:
+    """Whether some process holds the store's write lock right now."""
+    with _write_lock(location, wait=False) as taken:
+        return not taken
+
+
+@contextlib.contextmanager
+def _write_lock(location: str, *, wait: bool) -> Iterator[bool]:
+    if location.startswith("postgresql://"):
+        with psycopg.connect(location, autocommit=True) as pg:
+            how = "pg_advisory_lock" if wait else "pg_try_advisory_lock"
+            got = pg.execute(f"SELECT {how}(%s)", (LOCK_KEY,)).fetchone()
+            taken = got is not None and got[0] is not False
+            try:
+                yield taken
+            finally:
+                if taken:
+                    pg.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
+        return
+    timeout = TIMEOUT if wait else 0.05
+    with contextlib.closing(
+        sqlite3.connect(location, timeout=timeout, isolation_level=None)
+    ) as lite:
+        try:
+            lite.execute("BEGIN EXCLUSIVE" if wait else "BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            if wait:
+                raise
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            lite.execute("ROLLBACK" if not wait else "COMMIT")
 
 
 class Traced:
