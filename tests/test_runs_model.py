@@ -1,11 +1,11 @@
 """Runs, nodes, leases and the queue against a plain-Python model.
 
-A Hypothesis state machine drives a real store file through advertise, drain,
+A Hypothesis state machine drives a real store, on each engine, through advertise, drain,
 submit, claim, report, heartbeat, reap, cancel and wake, and checks after every
 step that the store agrees with a model that places runs with the library's own
 pure matcher, scanning the QUEUED runs in submit order. A second handle opened
 with ``lease_ttl=0`` frees capacity without promoting anything, so an explicit
-``wake_queued`` has real work to do. A threaded test then hammers one file
+``wake_queued`` has real work to do. A threaded test then hammers one store
 from several ``Store`` objects at once and checks the same structural rules on
 what is left.
 """
@@ -15,15 +15,13 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import sqlite3
-import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import Phase, event, settings
@@ -34,11 +32,13 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 
 import store
 from store.match import place
 from store.shapes import Assignment
+from tests.helpers import Raw
 
 NODES = ("n1", "n2", "n3", "n4")
 LABELS = ("gpu", "linux", "arm")
@@ -57,14 +57,14 @@ LAYOUT = ({"gpu"}, {"arm"}, {"gpu", "linux"}, {"arm", "linux"})
 # -- structural checks on a store file, shared by both tests -------------------
 
 
-def read_leases(raw: sqlite3.Connection) -> list[tuple[str, str]]:
+def read_leases(raw: Raw) -> list[tuple[str, str]]:
     """Every lease row, as ``(node_id, run_id)``."""
-    return [(n, r) for n, r in raw.execute("SELECT node_id, run_id FROM leases")]
+    return [(n, r) for n, r in raw.rows("SELECT node_id, run_id FROM leases")]
 
 
-def read_caps(raw: sqlite3.Connection) -> dict[str, frozenset[str]]:
+def read_caps(raw: Raw) -> dict[str, frozenset[str]]:
     """The caps of every advertised node, as stored."""
-    return {n: frozenset(_json_list(c)) for n, c in raw.execute("SELECT id, caps FROM nodes")}
+    return {n: frozenset(_json_list(c)) for n, c in raw.rows("SELECT id, caps FROM nodes")}
 
 
 def _json_list(text: str) -> list[str]:
@@ -74,7 +74,7 @@ def _json_list(text: str) -> list[str]:
 
 
 def check_structure(
-    db: store.Store, raw: sqlite3.Connection
+    db: store.Store, raw: Raw
 ) -> tuple[list[store.RunView], dict[str, dict[str, Any]]]:
     """The rules that hold of any store file at rest, whatever happened to it.
     Returns the runs, FIFO, and their Records, for further checks."""
@@ -134,7 +134,7 @@ def check_structure(
     return runs, records
 
 
-def unplaceable_queue(db: store.Store, raw: sqlite3.Connection, runs: list[store.RunView]) -> None:
+def unplaceable_queue(db: store.Store, raw: Raw, runs: list[store.RunView]) -> None:
     """No QUEUED run fits the nodes available now."""
     caps = read_caps(raw)
     unavailable = db.unavailable_nodes()
@@ -296,26 +296,35 @@ need_sets = one_label | st.frozensets(st.sampled_from(LABELS), max_size=2)
 
 
 class RunQueueMachine(RuleBasedStateMachine):
-    """A store file and a model of it, stepped together."""
+    """A store and a model of it, stepped together."""
+
+    #: Makes a new store for each example (the test sets it, per engine).
+    fresh: Callable[[], contextlib.AbstractContextManager[str]]
 
     def __init__(self) -> None:
         super().__init__()
-        self.tmp = tempfile.TemporaryDirectory()
-        path = Path(self.tmp.name) / "runs.sqlite3"
-        self.db = store.open(path, lease_ttl=TTL, max_leases_per_run=MAX_NODES)
-        # lease_ttl=0: a handle whose events wake the queue but can promote nothing.
-        self.quiet = store.open(path, lease_ttl=0, max_leases_per_run=MAX_NODES)
-        self.raw = sqlite3.connect(path)
+        self.stack = contextlib.ExitStack()
+        try:
+            where = self.stack.enter_context(self.fresh())
+            self.db = self.stack.enter_context(
+                store.open(where, lease_ttl=TTL, max_leases_per_run=MAX_NODES)
+            )
+            # lease_ttl=0: a handle whose events wake the queue but can promote nothing.
+            self.quiet = self.stack.enter_context(
+                store.open(where, lease_ttl=0, max_leases_per_run=MAX_NODES)
+            )
+            self.raw = Raw(where)
+            self.stack.callback(self.raw.close)
+        except BaseException:
+            self.stack.close()
+            raise
         self.model = Model()
         #: True while the last capacity-freeing event was followed by a real wake.
         self.settled = True
         self.sealed: dict[str, dict[str, Any]] = {}
 
     def teardown(self) -> None:
-        self.raw.close()
-        self.quiet.close()
-        self.db.close()
-        self.tmp.cleanup()
+        self.stack.close()
 
     def handle(self, quiet: bool) -> store.Store:
         return self.quiet if quiet else self.db
@@ -543,15 +552,28 @@ class RunQueueMachine(RuleBasedStateMachine):
                 assert rec == first, f"the sealed Record of {run.run_id} changed"
 
 
-RunQueueMachine.TestCase.settings = settings(
+SETTINGS = settings(
     max_examples=250,
     stateful_step_count=60,
     deadline=None,
     # Tracing a failing machine line by line takes longer than the test may.
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
 )
-TestRunQueue = RunQueueMachine.TestCase
-pytest.mark.timeout(120)(TestRunQueue)
+
+
+@pytest.mark.timeout(120)
+def test_the_run_queue_against_the_model(
+    fresh_location: Callable[[], contextlib.AbstractContextManager[str]],
+    request: pytest.FixtureRequest,
+) -> None:
+    # A store costs ten times more on PostgreSQL (a database each, and a
+    # round trip per statement): fewer examples there, the same rules.
+    engine = request.node.callspec.params["fresh_location"]
+    examples = SETTINGS.max_examples if engine == "sqlite" else SETTINGS.max_examples // 6
+    with mock.patch.object(RunQueueMachine, "fresh", fresh_location, create=True):
+        run_state_machine_as_test(
+            RunQueueMachine, settings=settings(SETTINGS, max_examples=examples)
+        )
 
 
 # -- threads against one file ----------------------------------------------------
@@ -593,7 +615,7 @@ class Shared:
 
 
 @contextlib.contextmanager
-def handle_for(own: bool, path: Path, shared_db: store.Store) -> Iterator[store.Store]:
+def handle_for(own: bool, path: str, shared_db: store.Store) -> Iterator[store.Store]:
     """The thread's own Store on the file, closed afterwards, or the shared one."""
     if own:
         with store.open(path, lease_ttl=TTL, max_leases_per_run=MAX_NODES) as db:
@@ -664,7 +686,7 @@ def client_loop(db: store.Store, rng: random.Random, shared: Shared) -> None:
 
 
 def worker(
-    index: int, path: Path, shared_db: store.Store, barrier: threading.Barrier, shared: Shared
+    index: int, path: str, shared_db: store.Store, barrier: threading.Barrier, shared: Shared
 ) -> None:
     rng = random.Random(index)
     nodes = sorted(NODE_CAPS)
@@ -685,8 +707,8 @@ def worker(
 
 
 @pytest.mark.timeout(120)
-def test_threads_on_one_file_keep_the_rules(tmp_path: Path) -> None:
-    path = tmp_path / "runs.sqlite3"
+def test_threads_on_one_store_keep_the_rules(location: str) -> None:
+    path = location
     shared = Shared()
     barrier = threading.Barrier(THREADS, timeout=30)
     with store.open(path, lease_ttl=TTL, max_leases_per_run=MAX_NODES) as db:
@@ -706,7 +728,7 @@ def test_threads_on_one_file_keep_the_rules(tmp_path: Path) -> None:
         assert shared.ops["submit"] > 0
         assert shared.ops["report"] > 0, shared.ops
 
-        with contextlib.closing(sqlite3.connect(path)) as raw:
+        with contextlib.closing(Raw(location)) as raw:
             runs, _ = check_structure(db, raw)
             assert {r.run_id for r in runs} == set(shared.run_ids)
             assert any(r.state in TERMINAL for r in runs)
