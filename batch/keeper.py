@@ -17,7 +17,7 @@ from .model import Target
 from .rotation import LiveJob
 from .state import State
 
-__all__ = ["INTERRUPTED_HINT", "beat", "keep"]
+__all__ = ["INTERRUPTED_HINT", "beat", "keep", "on_notice"]
 
 log = logging.getLogger("batch")
 
@@ -28,7 +28,8 @@ C = TypeVar("C")
 START_DELAY = 0.02
 
 #: Seconds between looks for this runner's jobs cancelled through a runner of
-#: another process (one of this process tells it at once).
+#: another process (one of this process tells it at once, and so does the
+#: store's notice on PostgreSQL; the look is for a notice lost).
 CANCEL_POLL = 0.1
 
 #: Seconds before a beat the store refused is tried again (at most).
@@ -74,6 +75,20 @@ def keep(s: State[C], resume: Resume) -> None:
                 s.store.retire_runner(s.id)
             except store.StoreError:
                 log.exception("cannot release the leases of runner %s; they lapse instead", s.id)
+
+
+def on_notice(s: State[C], notice: str) -> None:
+    """A notice of the store's (on PostgreSQL, sent by any process; called
+    on the store's thread): a job cancelled, which this runner stops at
+    once if it holds it; or jobs waiting for a runner with room, or notices
+    lost, either of which calls for a beat now rather than at its time."""
+    if notice.startswith(store.CANCELLED):
+        s.cancelled_elsewhere(notice.removeprefix(store.CANCELLED))
+    elif notice in (store.WORK, store.RESYNC):
+        with s.lock:
+            if not s.closed and s.room() != 0:
+                s.want_room = True
+                s.chores.notify()
 
 
 def _store_starting(s: State[C]) -> None:

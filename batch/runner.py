@@ -4,6 +4,7 @@ in ``commit``, the leases in ``keeper``; they share one ``State``."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -106,6 +107,7 @@ class Runner(Generic[C]):
         for t in (*self._threads, self._keeper):
             t.start()
         _OPEN.add(s)  # type: ignore[arg-type]
+        self._unsubscribe = db.subscribe(functools.partial(keeper.on_notice, s))
 
     @property
     def id(self) -> str:
@@ -337,6 +339,7 @@ class Runner(Generic[C]):
         finally:
             s.lock.release()
         _OPEN.discard(s)  # type: ignore[arg-type]
+        self._unsubscribe()
         me = threading.current_thread()
         for t in self._threads:
             if t is not me:

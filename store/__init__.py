@@ -5,6 +5,7 @@ with store.open("jobs.sqlite3") as db:
     ...
 """
 
+from .db import CANCELLED, RESYNC, WORK
 from .errors import Conflict, InvalidRun, NotFound, StoreError, Unsatisfiable
 from .jobs import JobRow, JobSummary, Lease, Stored, TargetOutcome, TargetRow
 from .leases import Beat
@@ -14,6 +15,9 @@ from .shapes import Advert, Assigned, Assignment, Claim, NodeView, RunView, Step
 from .store import Store, open
 
 __all__ = [
+    "CANCELLED",
+    "RESYNC",
+    "WORK",
     "Advert",
     "Assigned",
     "Assignment",

@@ -18,11 +18,28 @@ from typing import Any, Literal, Protocol, TypeVar
 from .errors import StoreError
 from .schema import VERSION
 
-__all__ = ["Cursor", "Database", "Synchronous", "Tx", "check_not_newer", "in_list"]
+__all__ = [
+    "CANCELLED",
+    "RESYNC",
+    "WORK",
+    "Cursor",
+    "Database",
+    "Synchronous",
+    "Tx",
+    "check_not_newer",
+    "in_list",
+]
 
 Synchronous = Literal["NORMAL", "FULL"]
 
 T = TypeVar("T")
+
+#: The notices of ``Store.subscribe``: a job was cancelled (its id follows).
+CANCELLED = "cancel:"
+#: A job waits for a runner with room (submitted past ``max_live``, or released).
+WORK = "work"
+#: Notices may have been lost: look at the store.
+RESYNC = "resync"
 
 
 class Cursor(Protocol):
@@ -81,6 +98,20 @@ class Database(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Close every connection; later transactions raise ``StoreError``. Idempotent."""
+
+    @abc.abstractmethod
+    def notify(self, tx: Tx, notice: str) -> None:
+        """Send ``notice`` to the subscribers of every process, once ``tx``
+        commits (never if it rolls back). An engine that cannot sends
+        nothing: its subscribers learn by polling."""
+
+    @abc.abstractmethod
+    def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback(notice)`` for each notice sent from now on (on a
+        thread of the engine's; it must not block); returns what cancels
+        the subscription. Best effort: a notice can be lost (a connection
+        drops), so a subscriber also polls. After a gap, subscribers get
+        the notice ``"resync"``."""
 
 
 def in_list(column: str, values: Sequence[object]) -> tuple[str, tuple[object, ...]]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import re
 import threading
 import time
@@ -36,7 +37,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from .db import Cursor, Database, Tx, check_not_newer
+from .db import RESYNC, Cursor, Database, Tx, check_not_newer
 from .errors import Conflict, StoreError
 from .schema import VERSION
 
@@ -53,6 +54,8 @@ __all__ = ["LOCK_KEY", "PostgresDatabase"]
 
 T = TypeVar("T")
 
+log = logging.getLogger("store")
+
 #: The advisory lock every write transaction takes ("bstore" in ASCII).
 LOCK_KEY = 0x6273746F7265
 #: Seconds a session may sit idle inside a transaction before the server
@@ -66,9 +69,18 @@ LOCK_TIMEOUT = 20.0
 RETRY_FOR = 60.0
 #: Connections one ``Store`` opens at most; a thread wanting one more waits.
 POOL_SIZE = 8
+#: The channel the store's notices go out on (``Database.notify``).
+CHANNEL = "batch_store"
+#: Seconds the listener waits for a notice before it looks whether to stop.
+LISTEN_POLL = 0.25
+#: Seconds before the listener connects again after losing its connection.
+RETRY_LISTEN = 1.0
 
 _CLOCK = "SELECT extract(epoch FROM clock_timestamp())::float8"
-_LOCK_AND_CLOCK = _CLOCK + " FROM pg_advisory_xact_lock(%s)"
+#: A write begins by taking the lock (and reading the clock), in one round trip.
+_BEGIN_WRITE = f"BEGIN; {_CLOCK} FROM pg_advisory_xact_lock(%s)"
+#: A read sees one snapshot throughout, and may not write.
+_BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 #: Errors that mean only "try again": nothing was committed.
 _CONTENTION = (
@@ -249,27 +261,43 @@ def _args(args: Sequence[Any], numbered: bool) -> Sequence[Any] | dict[str, Any]
 
 
 class _Tx:
-    """One transaction on one pooled connection (``db.Tx``)."""
+    """One transaction on one pooled connection (``db.Tx``).
 
-    __slots__ = ("_conn", "_db", "_now")
+    A read transaction begins with its first statement, sent with it in one
+    round trip (``begun`` is False until then); a write transaction has
+    begun, and read the clock, as it took the lock.
+    """
 
-    def __init__(self, db: PostgresDatabase, conn: psycopg.Connection[Any], now: float | None):
+    __slots__ = ("_conn", "_db", "_now", "begun")
+
+    def __init__(
+        self, db: PostgresDatabase, conn: psycopg.Connection[Any], now: float | None
+    ) -> None:
         self._db = db
         self._conn = conn
         self._now = now
+        self.begun = now is not None
 
     @property
     def now(self) -> float:
         if self._now is None:
-            (server,) = self._conn.execute(_CLOCK).fetchone() or (0.0,)
+            (server,) = self.execute(_CLOCK).fetchone()
             self._now = self._db.clock(server)
         return self._now
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Cursor:
         query, numbered = _translate(sql)
-        return self._conn.execute(query, _args(args, numbered))
+        if self.begun:
+            return self._conn.execute(query, _args(args, numbered))
+        cur = self._conn.execute(f"{_BEGIN_READ}; {query}", _args(args, numbered))
+        self.begun = True
+        cur.nextset()
+        return cur
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        if not self.begun:
+            self._conn.execute(_BEGIN_READ)
+            self.begun = True
         query, numbered = _translate(sql)
         with self._conn.cursor() as cur:
             cur.executemany(query, [_args(r, numbered) for r in rows])
@@ -339,6 +367,94 @@ class _Pool:
         self.discard()
 
 
+class _Listener:
+    """One connection that LISTENs for the store's notices and hands each
+    to the subscribers, on a thread of its own, while any subscriber is
+    left; it reconnects (after ``RETRY_LISTEN`` seconds) when the
+    connection drops, and then tells every subscriber ``"resync"``.
+
+    ``_lock`` guards ``_subscribers``, ``_thread`` and the two events of the
+    thread: ``_stop``, set when the last subscriber leaves or the store
+    closes, and ``_listening``, set once its first LISTEN is made.
+    """
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+        self._lock = threading.Lock()
+        self._subscribers: dict[int, Callable[[str], None]] = {}
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._listening = threading.Event()
+        self._keys = iter(range(1, 1 << 62))
+
+    def add(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        with self._lock:
+            key = next(self._keys)
+            self._subscribers[key] = callback
+            if self._thread is None or not self._thread.is_alive():
+                self._stop = threading.Event()
+                self._listening = threading.Event()
+                self._thread = threading.Thread(
+                    target=self._listen,
+                    args=(self._stop, self._listening),
+                    name="store-listener",
+                    daemon=True,
+                )
+                self._thread.start()
+            listening = self._listening
+        # Notices sent once this returns reach the subscriber (a notice sent
+        # before LISTEN never arrives); a server that does not answer soon
+        # is not waited for: the subscriber polls meanwhile.
+        listening.wait(LISTEN_POLL * 4)
+
+        def remove() -> None:
+            with self._lock:
+                self._subscribers.pop(key, None)
+                if not self._subscribers:
+                    # It ends within LISTEN_POLL; nobody waits for it here.
+                    self._stop.set()
+                    self._thread = None
+
+        return remove
+
+    def stop(self) -> None:
+        """The store closes: let the thread end, and wait (briefly) until it has."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(LISTEN_POLL + 1.0)
+
+    def _dispatch(self, notice: str) -> None:
+        with self._lock:
+            callbacks = list(self._subscribers.values())
+        for callback in callbacks:
+            try:
+                callback(notice)
+            except Exception:  # a subscriber's bug must not end the listening
+                log.exception("a subscriber of store notices raised")
+
+    def _listen(self, stop: threading.Event, listening: threading.Event) -> None:
+        first = True
+        while not stop.is_set():
+            try:
+                with psycopg.connect(self._db.url, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    listening.set()
+                    if not first:
+                        self._dispatch(RESYNC)  # notices may have been lost meanwhile
+                    first = False
+                    while not stop.is_set():
+                        for n in conn.notifies(timeout=LISTEN_POLL):
+                            self._dispatch(n.payload)
+            except psycopg.Error:
+                if stop.is_set():
+                    return
+                log.warning("store %s: listening for notices failed; again soon", self._db.path)
+                first = False
+                stop.wait(RETRY_LISTEN)
+
+
 class PostgresDatabase(Database):
     """A store in one PostgreSQL database (the URL's), in the current schema."""
 
@@ -347,6 +463,8 @@ class PostgresDatabase(Database):
         self.path = _without_password(url)
         self.readonly = readonly
         self._pool = _Pool(self._connect, POOL_SIZE)
+        self._listener = _Listener(self)
+        self._opened = False  # until the schema is checked: fail fast
         try:
             if readonly:
                 self.read(self._check_version)
@@ -355,6 +473,7 @@ class PostgresDatabase(Database):
         except BaseException:
             self._pool.close()
             raise
+        self._opened = True
 
     # -- connections ------------------------------------------------------------
 
@@ -405,17 +524,30 @@ class PostgresDatabase(Database):
         deadline = time.monotonic() + RETRY_FOR
         delay = 0.005
         while True:
-            conn = self._pool.get(lambda: StoreError(f"store {self.path!r} is closed"))
+            try:
+                conn = self._pool.get(lambda: StoreError(f"store {self.path!r} is closed"))
+            except StoreError as e:
+                # Once open, a server that cannot be reached is restarting,
+                # or the network is down for a while: wait for it.
+                unreachable = isinstance(e.__cause__, psycopg.OperationalError)
+                if not (self._opened and unreachable) or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)  # nothing to be notified by: the server is away
+                delay = min(2 * delay, 0.5)
+                continue
             committing = False
             try:
-                conn.execute("BEGIN")
                 now = None
                 if write:
-                    (server,) = conn.execute(_LOCK_AND_CLOCK, (LOCK_KEY,)).fetchone() or (0.0,)
+                    cur = conn.execute(_BEGIN_WRITE, (LOCK_KEY,))
+                    cur.nextset()
+                    (server,) = cur.fetchone() or (0.0,)
                     now = self.clock(server)
-                result = fn(_Tx(self, conn, now))
+                tx = _Tx(self, conn, now)
+                result = fn(tx)
                 committing = True
-                conn.execute("COMMIT")
+                if tx.begun:
+                    conn.execute("COMMIT")
             except psycopg.Error as e:
                 _rollback(conn)
                 lost = isinstance(e, psycopg.OperationalError) and conn.closed
@@ -445,7 +577,16 @@ class PostgresDatabase(Database):
         return StoreError(f"store {self.path!r}: {_text(e)}")
 
     def close(self) -> None:
+        self._listener.stop()
         self._pool.close()
+
+    # -- notices ------------------------------------------------------------------
+
+    def notify(self, tx: Tx, notice: str) -> None:
+        tx.execute("SELECT pg_notify(?, ?)", (CHANNEL, notice))
+
+    def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        return self._listener.add(callback)
 
     # -- the schema -----------------------------------------------------------------
 

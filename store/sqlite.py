@@ -75,6 +75,7 @@ class SQLiteDatabase(Database):
             if readonly:
                 self._check_version()
             else:
+                _patiently(self._refuse_foreign)
                 _patiently(lambda: self._conn.execute("PRAGMA journal_mode = WAL"))
                 self._conn.execute(f"PRAGMA synchronous = {synchronous}")
                 self._conn.execute("PRAGMA foreign_keys = ON")
@@ -98,6 +99,25 @@ class SQLiteDatabase(Database):
             )
         check_not_newer(self.path, version)
 
+    def _refuse_foreign(self) -> None:
+        """Refuse, before writing anything (even the switch to WAL), a
+        database file that holds other tables and no store schema."""
+        (version,) = self._conn.execute("PRAGMA user_version").fetchone()
+        if version:
+            return
+        others = [
+            name
+            for (name,) in self._conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+            )
+        ]
+        if others:
+            raise StoreError(
+                f"{self.path!r} is not a store file: it holds other tables"
+                f" ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''})"
+                " and no store schema; open another path"
+            )
+
     def _migrate(self) -> None:
         with self.transaction() as conn:
             (version,) = conn.execute("PRAGMA user_version").fetchone()
@@ -116,6 +136,13 @@ class SQLiteDatabase(Database):
     def read(self, fn: Callable[[Tx], T]) -> T:
         with self.transaction(write=False) as conn:
             return fn(conn)
+
+    def notify(self, tx: Tx, notice: str) -> None:
+        """Nothing is sent: SQLite has no channel between processes, so
+        other processes' runners poll."""
+
+    def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        return _nothing
 
     def clock(self) -> float:
         """The store's clock: this host's, the only one that writes the file."""
@@ -159,6 +186,10 @@ class SQLiteDatabase(Database):
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+
+
+def _nothing() -> None:
+    """Undo a subscription that has nothing to undo."""
 
 
 def _patiently(step: Callable[[], object]) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from . import jobs, leases, nodes, queue, record, runs
-from .db import Database, Synchronous, Tx
+from .db import CANCELLED, WORK, Database, Synchronous, Tx
 from .errors import StoreError
 from .jobs import JobRow, JobSummary, Lease, Stored, TargetOutcome
 from .leases import Beat
@@ -83,6 +83,8 @@ class Store:
         def create(tx: Tx) -> None:
             until = None if lease_for is None else tx.now + lease_for
             jobs.create_job(tx, job_id, owner, refs, tx.now, runner_id=runner_id, lease_until=until)
+            if until is None:
+                self._db.notify(tx, WORK)
 
         self._db.write(create)
 
@@ -94,7 +96,14 @@ class Store:
     def cancel_job(self, job_id: str, owner: str) -> bool:
         """Cancel ``owner``'s live job, whichever runner holds it; False if
         there is no such live job."""
-        return self._db.write(lambda tx: jobs.cancel_job(tx, job_id, owner, tx.now))
+
+        def cancel(tx: Tx) -> bool:
+            cancelled = jobs.cancel_job(tx, job_id, owner, tx.now)
+            if cancelled:
+                self._db.notify(tx, CANCELLED + job_id)
+            return cancelled
+
+        return self._db.write(cancel)
 
     def job_status(self, job_id: str, owner: str) -> JobStatus | None:
         """The status of ``owner``'s job, or None if there is none."""
@@ -213,7 +222,22 @@ class Store:
     def retire_runner(self, runner_id: str) -> None:
         """The runner closed: its leases are released, and the next runner
         with room takes its live jobs at once."""
-        self._db.write(lambda tx: leases.retire(tx, runner_id))
+
+        def retire(tx: Tx) -> None:
+            leases.retire(tx, runner_id)
+            self._db.notify(tx, WORK)
+
+        self._db.write(retire)
+
+    def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback(notice)`` on a thread of the store's for each
+        notice any process sends, until the returned function is called:
+        ``"cancel:<job id>"`` once a job is cancelled, ``"work"`` once a job
+        waits for a runner with room, ``"resync"`` after notices may have
+        been lost. The callback must not block. Best effort, and only on
+        PostgreSQL (SQLite has no channel between processes): subscribers
+        poll as well."""
+        return self._db.subscribe(callback)
 
     def total_bytes(self) -> int:
         """The stored bytes of every job, live and terminal."""

@@ -48,7 +48,10 @@ class Raw:
     def rows(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
         """The statement's rows (none for a statement that returns none)."""
         if self.pg:
-            cur = self._pg.execute(sql.replace("?", "%s"), args)  # type: ignore[arg-type]
+            if args:
+                cur = self._pg.execute(sql.replace("%", "%%").replace("?", "%s"), args)  # type: ignore[arg-type]
+            else:
+                cur = self._pg.execute(sql)  # type: ignore[arg-type]
             return cur.fetchall() if cur.description is not None else []
         return self._lite.execute(sql, args).fetchall()
 

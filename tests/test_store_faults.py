@@ -151,7 +151,7 @@ def test_unknown_and_foreign_ids_take_the_same_path(
                 r.status(bob, probe)
             errors.append(str(e.value).replace(probe, "ID"))
     assert errors[0] == errors[1]
-    selects = [s for s in statements if s.startswith("SELECT")]
+    selects = [s for s in statements if s.startswith("SELECT") and " FROM jobs " in s]
     assert len(selects) == 2
     assert selects[0].replace(job_id, "ID") == selects[1].replace("f" * 32, "ID")
 

@@ -62,16 +62,28 @@ def test_open_creates_schema_version_and_wal(tmp_path: Path) -> None:
     assert sqlite_pragma(path, "journal_mode") == "wal"
 
 
-def test_open_migrates_an_empty_database_file(tmp_path: Path) -> None:
-    """An existing SQLite file at version 0 is brought forward to the current schema."""
+def test_open_sets_up_an_empty_database_file(tmp_path: Path) -> None:
+    """An existing SQLite file with no tables is brought to the current schema."""
     path = tmp_path / "old.sqlite3"
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        conn.execute("CREATE TABLE unrelated (x)")
-        conn.commit()
+    sqlite3.connect(path).close()
     with store.open(path) as db:
         db.create_job("j", "alice", ["a"])
         assert job_of(db, "j").status == "queued"
     assert sqlite_pragma(path, "user_version") == VERSION
+
+
+def test_a_file_of_another_application_is_refused_untouched(tmp_path: Path) -> None:
+    """A database file holding other tables and no store schema is not a
+    store: refused, naming it, and left exactly as it was."""
+    path = tmp_path / "theirs.sqlite3"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE jobs (x)")
+        conn.commit()
+    before = path.read_bytes()
+    with pytest.raises(store.StoreError, match="not a store file: it holds other tables"):
+        store.open(path)
+    assert path.read_bytes() == before
+    assert sqlite_pragma(path, "user_version") == 0
 
 
 def test_reopen_keeps_data(tmp_path: Path) -> None:
