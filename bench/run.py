@@ -30,10 +30,13 @@ from typing import Any
 if __package__ in (None, ""):  # python bench/run.py: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import latency, live, memory, runs, size, throughput
+from bench import engine, latency, live, memory, runs, size, throughput
 from bench.measure import REPO, Options, Row, Scenario, git_state, print_table, record
 
 __all__ = ["SUITE", "main"]
+
+#: The scenarios measured on PostgreSQL too (``--engine postgres``).
+ON_POSTGRES = ("1", "2", "5")
 
 SUITE: tuple[Scenario, ...] = (
     throughput.SCENARIO,
@@ -49,7 +52,11 @@ def main(argv: Sequence[str] | None = None, suite: Sequence[Scenario] = SUITE) -
     """Run the scenarios asked for, print the table, write the JSON record."""
     args = _parser(suite).parse_args(argv)
     opts = Options(rounds=args.rounds, quick=args.quick)
-    chosen = [s for s in suite if s.key in args.only]
+    engine.use(args.engine, args.pg_url)
+    keys = args.only if args.only is not None else [s.key for s in suite]
+    if args.engine == "postgres":
+        keys = [k for k in keys if k in ON_POSTGRES] or list(ON_POSTGRES)
+    chosen = [s for s in suite if s.key in keys]
     code = git_state()  # what is measured: the code as it was imported
     start = time.perf_counter()
     rows = [row for scenario in chosen for row in _run(scenario, opts)]
@@ -78,6 +85,7 @@ def _headline(rec: dict[str, Any]) -> str:
     return (
         f"commit {rec['commit']}{' (library modified)' if rec['dirty'] else ''},"
         f" Python {host['python']}, SQLite {host['sqlite']}, {host['cpus']} CPUs,"
+        f" on {engine.engine()},"
         f" {rec['rounds']} rounds{', quick sizes' if rec['quick'] else ''}, {rec['seconds']:.0f} s"
     )
 
@@ -96,9 +104,22 @@ def _parser(suite: Sequence[Scenario]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         type=lambda text: _keys(text, keys),
-        default=keys,
+        default=None,
         metavar="1,3,5",
         help="run these scenarios only",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("sqlite", "postgres"),
+        default="sqlite",
+        help="the store measured; postgres runs scenarios"
+        f" {', '.join(ON_POSTGRES)} (default sqlite)",
+    )
+    parser.add_argument(
+        "--pg-url",
+        metavar="URL",
+        help="with --engine postgres: a maintenance database of the server to measure on"
+        " (default: a throwaway server started for the run)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="small sizes, to try the suite out quickly"
@@ -135,6 +156,8 @@ def _keys(text: str, known: Sequence[str]) -> list[str]:
 def _default_json(rec: dict[str, Any], chosen: Sequence[Scenario]) -> Path:
     """Where the record goes unless ``--json`` says: named for what it holds."""
     name = rec["commit"] + ("-dirty" if rec["dirty"] else "") + ("-quick" if rec["quick"] else "")
+    if engine.engine() != "sqlite":
+        name += f"-{engine.engine()}"
     if [s.key for s in chosen] != [s.key for s in SUITE]:
         name += "-only-" + "-".join(s.key for s in chosen)
     return REPO / "bench" / "results" / f"{name}.json"

@@ -24,16 +24,14 @@ the only wake is the one measured.
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import store
+from bench.engine import Raw, copy_of, scratch
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Unit, alternate
-from bench.workload import copy_of, scratch
 from store.db import Synchronous
 
 __all__ = ["SCENARIO"]
@@ -71,7 +69,7 @@ QUICK = Sizes(
 )
 
 
-def open_store(path: Path, synchronous: Synchronous = "NORMAL") -> store.Store:
+def open_store(path: str, synchronous: Synchronous = "NORMAL") -> store.Store:
     """The store as measured: one node per run."""
     return store.open(path, max_leases_per_run=1, synchronous=synchronous)
 
@@ -90,7 +88,7 @@ def submit(db: store.Store, runs: int, state: str) -> None:
             raise RuntimeError(f"a run went {view.state}, not {state}: the file is not as built")
 
 
-def build(path: Path, queued: int, sizes: Sizes) -> None:
+def build(path: str, queued: int, sizes: Sizes) -> None:
     """A file with the history, every node busy with a run, ``queued`` runs
     waiting behind.
 
@@ -101,14 +99,14 @@ def build(path: Path, queued: int, sizes: Sizes) -> None:
     raw SQL first: only their rows in ``runs`` matter to the queue.
     """
     open_store(path).close()
-    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        conn.execute("BEGIN")
+    with contextlib.closing(Raw(path)) as conn:
+        conn.begin()
         conn.executemany(
             "INSERT INTO runs (id, state, created_at, started_at, ended_at)"
             " VALUES (?, 'SUCCEEDED', ?, ?, ?)",
             ((f"old-{i:07d}", 1.0 + i, 1.0 + i, 2.0 + i) for i in range(sizes.history)),
         )
-        conn.execute("COMMIT")
+        conn.commit()
     with open_store(path) as db:
         advertise(db, 0, 1)
         submit(db, 1, "RUNNING")
@@ -118,21 +116,21 @@ def build(path: Path, queued: int, sizes: Sizes) -> None:
             raise RuntimeError("a node advertised took no queued run: the file is not as built")
 
 
-def free(path: Path, n: int) -> None:
+def free(path: str, n: int) -> None:
     """End ``n`` running runs behind the store's back (no wake follows):
     their leases gone, their step and the run SUCCEEDED."""
-    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        conn.execute("BEGIN IMMEDIATE")
+    with contextlib.closing(Raw(path)) as conn:
+        conn.begin()
         for (run_id,) in conn.execute("SELECT run_id FROM leases LIMIT ?", (n,)).fetchall():
             conn.execute("DELETE FROM leases WHERE run_id = ?", (run_id,))
             conn.execute("UPDATE steps SET state = 'SUCCEEDED' WHERE run_id = ?", (run_id,))
             conn.execute(
                 "UPDATE runs SET state = 'SUCCEEDED', ended_at = 0 WHERE id = ?", (run_id,)
             )
-        conn.execute("COMMIT")
+        conn.commit()
 
 
-def wake_after(path: Path, db: store.Store, freed: int) -> float:
+def wake_after(path: str, db: store.Store, freed: int) -> float:
     """Milliseconds of one wake after ``freed`` nodes free; it must promote as many."""
     free(path, freed)
     start = time.perf_counter()
@@ -148,7 +146,7 @@ def median_of(calls: int, measure: Callable[[], float]) -> float:
     return statistics.median(measure() for _ in range(calls))
 
 
-def wakes(path: Path, db: store.Store, sizes: Sizes) -> dict[str, float]:
+def wakes(path: str, db: store.Store, sizes: Sizes) -> dict[str, float]:
     """(a) and (b): milliseconds of a wake with nothing free, and of one after
     a node frees, on the store ``db`` opened at ``path``."""
     return {
@@ -157,7 +155,7 @@ def wakes(path: Path, db: store.Store, sizes: Sizes) -> dict[str, float]:
     }
 
 
-def queue_costs(base: Path, sizes: Sizes) -> dict[str, float]:
+def queue_costs(base: str, sizes: Sizes) -> dict[str, float]:
     """(a) to (c) in milliseconds, and (d) in runs per second, on a fresh copy
     of ``base``."""
     with copy_of(base) as path, open_store(path) as db:
@@ -169,11 +167,11 @@ def queue_costs(base: Path, sizes: Sizes) -> dict[str, float]:
         return costs
 
 
-def unindexed_costs(base: Path, sizes: Sizes) -> dict[str, float]:
+def unindexed_costs(base: str, sizes: Sizes) -> dict[str, float]:
     """(f): (a) and (b) on a fresh copy of ``base`` without the index on
     QUEUED runs."""
     with copy_of(base) as path:
-        with contextlib.closing(sqlite3.connect(path)) as conn:
+        with contextlib.closing(Raw(path)) as conn:
             conn.execute("DROP INDEX runs_queued")
         with open_store(path) as db:
             return wakes(path, db, sizes)

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from bench.engine import engine
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Skipped, alternate
 from bench.workload import (
     PATIENCE,
@@ -228,11 +229,152 @@ def kept_signal_handlers() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+# -- on PostgreSQL ---------------------------------------------------------------------
+
+
+def executor_pg_rate(sizes: Sizes) -> float:
+    """Targets per second of the naive baseline on PostgreSQL: one task per
+    target in ``ThreadPoolExecutor(4)``, each thread with a psycopg
+    connection of its own, each result committed as its own transaction."""
+    import psycopg  # noqa: PLC0415 (only the PostgreSQL suite needs it)
+
+    rows = [
+        (f"{j:032x}", i, ref)
+        for j in range(sizes.jobs)
+        for i, ref in enumerate(refs(j, sizes.per_job))
+    ]
+    with scratch() as url, psycopg.connect(url, autocommit=True) as setup:
+        setup.execute(
+            "CREATE TABLE targets (job_id TEXT, pos INTEGER, ref TEXT,"
+            " status TEXT NOT NULL DEFAULT 'pending', result TEXT, PRIMARY KEY (job_id, pos))"
+        )
+        with setup.cursor() as cur:
+            cur.executemany("INSERT INTO targets (job_id, pos, ref) VALUES (%s, %s, %s)", rows)
+        local = threading.local()
+        opened: list[psycopg.Connection[Any]] = []
+        lock = threading.Lock()
+
+        def task(row: TargetRow) -> None:
+            conn = getattr(local, "conn", None)
+            if conn is None:
+                conn = local.conn = psycopg.connect(url, autocommit=True)
+                with lock:
+                    opened.append(conn)
+            job_id, pos, ref = row
+            conn.execute(
+                "UPDATE targets SET status = 'done', result = %s WHERE job_id = %s AND pos = %s",
+                (result_json(ref), job_id, pos),
+            )
+
+        try:
+            start = time.perf_counter()
+            with ThreadPoolExecutor(WORKERS) as pool:
+                for row in rows:
+                    pool.submit(task, row)
+            rate = len(rows) / (time.perf_counter() - start)
+        finally:
+            for conn in opened:
+                conn.close()
+        (done,) = setup.execute("SELECT count(*) FROM targets WHERE status = 'done'").fetchone()
+        if done != len(rows):
+            raise RuntimeError(f"the baseline stored {done} of {len(rows)} rows")
+        return rate
+
+
+#: One runner process of :func:`processes_rate`: its share of the jobs, from
+#: a start time given, and the time its last target was stored.
+PROCESS = """
+import sys, time
+from bench.workload import CALLER, echo, open_runner, refs
+url, first, jobs, per_job, start_at = sys.argv[1], *map(int, sys.argv[2:5]), float(sys.argv[5])
+work = [refs(j, per_job) for j in range(first, first + jobs)]
+with open_runner(url, echo, max_targets=per_job) as (runner, tally):
+    while time.time() < start_at:
+        time.sleep(0.001)
+    for job in work:
+        runner.submit(CALLER, job)
+    tally.wait_stored(jobs * per_job)
+    print(time.time())
+"""
+
+
+def processes_rate(processes: int, sizes: Sizes) -> float:
+    """Targets per second of ``processes`` runner processes on one database,
+    the jobs shared out among them: from their common start to the last
+    target stored."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from bench.measure import REPO  # noqa: PLC0415
+
+    share = sizes.jobs // processes
+    with scratch() as url:
+        store_open(url)
+        start_at = time.time() + 2.0  # every process has its runner up by then
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    PROCESS,
+                    url,
+                    str(k * share),
+                    str(share),
+                    str(sizes.per_job),
+                    str(start_at),
+                ],
+                stdout=subprocess.PIPE,
+                cwd=REPO,
+                text=True,
+            )
+            for k in range(processes)
+        ]
+        ends = [float(p.communicate(timeout=PATIENCE)[0].split()[-1]) for p in procs]
+        return share * processes * sizes.per_job / (max(ends) - start_at)
+
+
+def store_open(location: str) -> None:
+    """Set the store up before several processes open it."""
+    import store  # noqa: PLC0415
+
+    store.open(location).close()
+
+
+def run_postgres(opts: Options) -> list[Row]:
+    """On PostgreSQL: the runner against the naive psycopg baseline, and the
+    rate of 1, 2 and 4 runner processes sharing one database."""
+    sizes = QUICK if opts.quick else FULL
+    rates = alternate(
+        opts.rounds,
+        {
+            "runner": lambda: runner_rate(sizes.jobs, sizes.per_job),
+            "executor": lambda: executor_pg_rate(sizes),
+            **{f"p{n}": (lambda n=n: processes_rate(n, sizes)) for n in (1, 2, 4)},
+        },
+    )
+    ours = Series(f"batch.Runner, {sizes.jobs} jobs of {sizes.per_job:,}", rates["runner"])
+    one = Series("1 runner process", rates["p1"])
+    return [
+        Figure(
+            "1",
+            "runner vs naive TPE+psycopg commits",
+            "/s",
+            ours,
+            Series("ThreadPoolExecutor(4), a commit per task", rates["executor"]),
+            Goal("ratio", ">=", 1.0),
+        ),
+        Figure("1", "2 runner processes, one database", "/s", Series("2", rates["p2"]), one),
+        Figure("1", "4 runner processes, one database", "/s", Series("4", rates["p4"]), one),
+    ]
+
+
 # -- the scenario ---------------------------------------------------------------------
 
 
 def run(opts: Options) -> list[Row]:
     """The runner's rate against each baseline's; huey's row says if it is skipped."""
+    if engine() == "postgres":
+        return run_postgres(opts)
     sizes = QUICK if opts.quick else FULL
     measures = {
         "runner": lambda: runner_rate(sizes.jobs, sizes.per_job),

@@ -1,15 +1,13 @@
 """The pieces scenarios build their workloads from: the no-op fetch, a scratch
-file, a runner with a hook that counts, raw SQLite set up like the store, and
-the timed drain of a batch of jobs."""
+store (``bench.engine``), a runner with a hook that counts, raw SQLite set up
+like the store, and the timed drain of a batch of jobs."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
-import shutil
 import sqlite3
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -17,6 +15,7 @@ from pathlib import Path
 
 import batch
 import store
+from bench.engine import copy_of, scratch
 from store.db import Synchronous
 
 __all__ = [
@@ -61,23 +60,7 @@ def refs(job: int, n: int) -> list[str]:
     return [f"job{job}-{i}" for i in range(n)]
 
 
-@contextlib.contextmanager
-def scratch(name: str = "bench.sqlite3") -> Iterator[Path]:
-    """A path for a new file in a temporary directory, removed afterwards."""
-    with tempfile.TemporaryDirectory(prefix="bench-") as d:
-        yield Path(d) / name
-
-
-@contextlib.contextmanager
-def copy_of(base: Path) -> Iterator[Path]:
-    """A scratch copy of the store file ``base``: every measure on a file
-    built once starts from the same state."""
-    with scratch(base.name) as path:
-        shutil.copy(base, path)
-        yield path
-
-
-def raw_sqlite(path: Path) -> sqlite3.Connection:
+def raw_sqlite(path: str | Path) -> sqlite3.Connection:
     """A connection set up as the store sets up its own: WAL, synchronous=NORMAL,
     no implicit transactions, shareable between threads (under a lock)."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -148,7 +131,7 @@ class Tally(batch.Hooks):
 
 @contextlib.contextmanager
 def open_runner(
-    path: Path,
+    path: str,
     fetch: batch.Fetch[batch.Caller],
     synchronous: Synchronous = "NORMAL",
     **config: object,
