@@ -77,8 +77,10 @@ LISTEN_POLL = 0.25
 RETRY_LISTEN = 1.0
 
 _CLOCK = "SELECT extract(epoch FROM clock_timestamp())::float8"
-#: A write begins by taking the lock (and reading the clock), in one round trip.
-_BEGIN_WRITE = f"BEGIN; {_CLOCK} FROM pg_advisory_xact_lock(%s)"
+#: A write begins by taking the lock, reading the clock and learning its own
+#: transaction id (to ask, should the connection drop as it commits,
+#: whether it did), in one round trip.
+_BEGIN_WRITE = f"BEGIN; {_CLOCK}, pg_current_xact_id()::text FROM pg_advisory_xact_lock(%s)"
 #: A read sees one snapshot throughout, and may not write.
 _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
@@ -258,6 +260,14 @@ def _args(args: Sequence[Any], numbered: bool) -> Sequence[Any] | dict[str, Any]
     if numbered:
         return {str(i): _arg(v) for i, v in enumerate(args, 1)}
     return [_arg(v) for v in args]
+
+
+class _TryAgain(Exception):
+    """A transaction of which nothing stands, worth trying again."""
+
+    def __init__(self, cause: psycopg.Error) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class _Tx:
@@ -520,51 +530,90 @@ class PostgresDatabase(Database):
     def _run(self, fn: Callable[[Tx], T], *, write: bool) -> T:
         """Run ``fn`` in one transaction, trying again (with a new
         connection where the old one broke) while what fails is contention
-        or a connection lost before the commit was sent."""
+        or a connection lost before the commit was made."""
         deadline = time.monotonic() + RETRY_FOR
         delay = 0.005
         while True:
+            conn = self._connection(deadline)
             try:
-                conn = self._pool.get(lambda: StoreError(f"store {self.path!r} is closed"))
+                return self._attempt(conn, fn, write=write, deadline=deadline)
+            except _TryAgain as again:
+                if time.monotonic() + delay > deadline:
+                    raise self._error(again.cause, committing=False) from again.cause
+            finally:
+                self._pool.put(conn)
+            time.sleep(delay)  # contention, or a server away: nothing to be notified by
+            delay = min(2 * delay, 0.5)
+
+    def _connection(self, deadline: float) -> psycopg.Connection[Any]:
+        """A connection from the pool. Once the store is open, a server that
+        cannot be reached is restarting, or the network is down a while: it
+        is waited for until ``deadline``."""
+        delay = 0.005
+        while True:
+            try:
+                return self._pool.get(lambda: StoreError(f"store {self.path!r} is closed"))
             except StoreError as e:
-                # Once open, a server that cannot be reached is restarting,
-                # or the network is down for a while: wait for it.
                 unreachable = isinstance(e.__cause__, psycopg.OperationalError)
                 if not (self._opened and unreachable) or time.monotonic() + delay > deadline:
                     raise
-                time.sleep(delay)  # nothing to be notified by: the server is away
-                delay = min(2 * delay, 0.5)
-                continue
-            committing = False
-            try:
-                now = None
-                if write:
-                    cur = conn.execute(_BEGIN_WRITE, (LOCK_KEY,))
-                    cur.nextset()
-                    (server,) = cur.fetchone() or (0.0,)
-                    now = self.clock(server)
-                tx = _Tx(self, conn, now)
-                result = fn(tx)
-                committing = True
-                if tx.begun:
-                    conn.execute("COMMIT")
-            except psycopg.Error as e:
-                _rollback(conn)
-                lost = isinstance(e, psycopg.OperationalError) and conn.closed
-                if lost:
-                    self._pool.discard()
-                retry = isinstance(e, _CONTENTION) or (lost and not committing)
-                if not retry or time.monotonic() + delay > deadline:
-                    raise self._error(e, committing=committing and lost) from e
-            except BaseException:
-                _rollback(conn)
-                raise
-            else:
-                return result
-            finally:
-                self._pool.put(conn)
-            time.sleep(delay)  # contention: nothing to be notified by
+            time.sleep(delay)
             delay = min(2 * delay, 0.5)
+
+    def _attempt(
+        self, conn: psycopg.Connection[Any], fn: Callable[[Tx], T], *, write: bool, deadline: float
+    ) -> T:
+        """One try of the transaction; ``_TryAgain`` when nothing of it
+        stands and trying again may succeed."""
+        committing = False
+        xid = ""
+        try:
+            now = None
+            if write:
+                cur = conn.execute(_BEGIN_WRITE, (LOCK_KEY,))
+                cur.nextset()
+                server, xid = cur.fetchone() or (0.0, "")
+                now = self.clock(server)
+            tx = _Tx(self, conn, now)
+            result = fn(tx)
+            committing = True
+            if tx.begun:
+                conn.execute("COMMIT")
+        except psycopg.Error as e:
+            _rollback(conn)
+            lost = isinstance(e, psycopg.OperationalError) and conn.closed
+            if lost:
+                self._pool.discard()
+            if lost and committing and xid:
+                # The commit was sent, and the answer lost: ask the server.
+                outcome = self._outcome(xid, deadline)
+                if outcome == "committed":
+                    return result
+                committing = outcome != "aborted"
+            if isinstance(e, _CONTENTION) or (lost and not committing):
+                raise _TryAgain(e) from e
+            raise self._error(e, committing=committing and lost) from e
+        except BaseException:
+            _rollback(conn)
+            raise
+        return result
+
+    def _outcome(self, xid: str, deadline: float) -> str | None:
+        """Whether the transaction ``xid``, whose connection dropped while it
+        committed, did: ``"committed"`` or ``"aborted"``, asked on a new
+        connection until ``deadline``; None if the server could not tell."""
+        delay = 0.005
+        while time.monotonic() + delay <= deadline:
+            try:
+                with psycopg.connect(self.url, autocommit=True) as conn:
+                    row = conn.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
+            except psycopg.Error:
+                row = None
+            if row is not None and row[0] in ("committed", "aborted"):
+                return str(row[0])
+            time.sleep(delay)  # the server is away, or still ending it
+            delay = min(2 * delay, 0.5)
+        return None
 
     def _error(self, e: psycopg.Error, *, committing: bool) -> StoreError:
         if isinstance(e, pgerrors.UniqueViolation):

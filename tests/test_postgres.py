@@ -12,6 +12,7 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -19,9 +20,9 @@ import pytest
 import batch
 import batch.keeper
 import store
+import store.postgres
 from tests import pgserver
-from tests.conftest import fresh
-from tests.helpers import TIMEOUT, Raw, Script, raw, within
+from tests.helpers import TIMEOUT, Raw, Script, fresh, raw, within
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -259,3 +260,50 @@ def test_a_restart_of_the_server_loses_nothing_and_ends_no_worker(
     finally:
         conn.close()
     assert sorted(stored) == sorted((ref, "done") for job in refs for ref in job)
+
+
+class DropsAtCommit:
+    """A pooled connection that drops as it commits, once: ``after`` the
+    server committed (the answer lost), or before (the server rolls back)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], after: bool, state: dict[str, int]):
+        self._conn, self._after, self._state = conn, after, state
+
+    def execute(self, sql: Any, *args: Any, **kwargs: Any) -> Any:
+        if sql == "COMMIT" and not self._state["dropped"]:
+            self._state["dropped"] = 1
+            if self._after:
+                self._conn.execute(sql)
+            self._conn.close()
+            raise psycopg.OperationalError("the connection dropped")
+        return self._conn.execute(sql, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+@pytest.mark.parametrize("after", [True, False], ids=["committed", "not-committed"])
+def test_a_connection_lost_at_commit_is_resolved_by_asking_the_server(
+    url: str, monkeypatch: pytest.MonkeyPatch, after: bool
+) -> None:
+    """The connection drops as a write commits: the store asks the server
+    whether that transaction committed, and either returns (it did) or runs
+    it again (it did not). Either way the outcome is stored once, and the
+    caller never sees an error."""
+    with store.open(url) as db:
+        db.create_job("j", "alice", ["x", "y"])
+        state = {"dropped": 0}
+        get = store.postgres._Pool.get
+        monkeypatch.setattr(
+            store.postgres._Pool,
+            "get",
+            lambda pool, closed: DropsAtCommit(get(pool, closed), after, state),  # type: ignore[arg-type]
+        )
+        stored = db.store_targets([store.TargetOutcome("j", 0, "done", result='"v"')])
+        monkeypatch.undo()
+        assert state["dropped"] == 1
+        assert stored.refused == {}
+        job = db.get_job("j", "alice")
+    assert job is not None
+    assert [(t.status, t.result) for t in job.targets] == [("done", '"v"'), ("pending", None)]
+    assert job.nbytes == 3
