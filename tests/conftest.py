@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ import pytest
 
 import store
 from tests import pgserver
-from tests.helpers import Clock, store_clock
+from tests.helpers import TEMPLATE, Clock, fresh, store_clock
 
 
 @pytest.fixture
@@ -33,7 +32,6 @@ def clock() -> Iterator[Clock]:
 
 
 ENGINES = ("sqlite", "postgres")
-TEMPLATE = "store_template"
 
 
 @pytest.fixture(scope="session")
@@ -51,30 +49,6 @@ def pg_server() -> Iterator[pgserver.Server | None]:
             admin.execute(f"CREATE DATABASE {TEMPLATE}")
         store.open(server.url(TEMPLATE)).close()
         yield server
-
-
-_names = itertools.count(1)
-
-
-@contextlib.contextmanager
-def fresh(engine: str, root: Path, server: pgserver.Server | None) -> Iterator[str]:
-    """Where a new store is, for as long as the block runs: a file path in
-    ``root`` (no file yet), or a PostgreSQL URL naming a database of its
-    own, the store's tables set up and empty, dropped afterwards."""
-    n = next(_names)
-    if engine == "sqlite":
-        yield str(root / f"jobs{n}.sqlite3")
-        return
-    if server is None:
-        pytest.skip("no PostgreSQL server here")
-    name = f"t{os.getpid()}_{n}"
-    with psycopg.connect(server.url(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
-    try:
-        yield server.url(name)
-    finally:
-        with psycopg.connect(server.url(), autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 @pytest.fixture(params=ENGINES)

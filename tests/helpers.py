@@ -4,21 +4,54 @@ and a server run for the length of a block."""
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 import socketserver
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 from unittest import mock
 
 import psycopg
+import pytest
 
 import batch
 from store.postgres import LOCK_KEY, PostgresDatabase
 from store.sqlite import SQLiteDatabase
+from tests import pgserver
 
 TIMEOUT = 10.0
+
+#: The database each test's PostgreSQL database is copied from (the store's
+#: tables set up, empty); conftest makes it once per run.
+TEMPLATE = "store_template"
+
+
+_names = itertools.count(1)
+
+
+@contextlib.contextmanager
+def fresh(engine: str, root: Path, server: pgserver.Server | None) -> Iterator[str]:
+    """Where a new store is, for as long as the block runs: a file path in
+    ``root`` (no file yet), or a PostgreSQL URL naming a database of its
+    own, the store's tables set up and empty, dropped afterwards."""
+    n = next(_names)
+    if engine == "sqlite":
+        yield str(root / f"jobs{n}.sqlite3")
+        return
+    if server is None:
+        pytest.skip("no PostgreSQL server here")
+    name = f"t{os.getpid()}_{n}"
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    try:
+        yield server.url(name)
+    finally:
+        with psycopg.connect(server.url(), autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 def within(seconds: float, pred: Callable[[], bool]) -> bool:

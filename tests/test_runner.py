@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -13,7 +14,8 @@ import pytest
 
 import batch
 import store
-from tests.helpers import TIMEOUT, Recorder, Script, raising
+from tests import pgserver
+from tests.helpers import TIMEOUT, Recorder, Script, fresh, raising
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -21,12 +23,18 @@ ALICE = batch.Caller("alice")
 BOB = batch.Caller("bob")
 
 
-@pytest.fixture(params=["file", "memory"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[store.Store]:
-    """Every runner test runs on a store file and on an in-memory store."""
-    path = tmp_path / "jobs.sqlite3" if request.param == "file" else ":memory:"
-    with store.open(path) as s:
-        yield s
+@pytest.fixture(params=["file", "memory", "postgres"])
+def db(
+    request: pytest.FixtureRequest, tmp_path: Path, pg_server: pgserver.Server | None
+) -> Iterator[store.Store]:
+    """Every runner test runs on a store file, an in-memory store, and a
+    PostgreSQL database."""
+    with contextlib.ExitStack() as stack:
+        if request.param == "postgres":
+            where = stack.enter_context(fresh("postgres", tmp_path, pg_server))
+        else:
+            where = str(tmp_path / "jobs.sqlite3") if request.param == "file" else ":memory:"
+        yield stack.enter_context(store.open(where))
 
 
 @pytest.fixture

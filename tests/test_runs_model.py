@@ -569,7 +569,7 @@ def test_the_run_queue_against_the_model(
     # A store costs ten times more on PostgreSQL (a database each, and a
     # round trip per statement): fewer examples there, the same rules.
     engine = request.node.callspec.params["fresh_location"]
-    examples = SETTINGS.max_examples if engine == "sqlite" else SETTINGS.max_examples // 6
+    examples = SETTINGS.max_examples if engine == "sqlite" else SETTINGS.max_examples // 10
     with mock.patch.object(RunQueueMachine, "fresh", fresh_location, create=True):
         run_state_machine_as_test(
             RunQueueMachine, settings=settings(SETTINGS, max_examples=examples)
