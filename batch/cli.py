@@ -131,7 +131,7 @@ def _parser() -> _Parser:
     db.add_argument(
         "--db",
         default=os.environ.get("BATCH_DB") or "batch.sqlite3",
-        help="the store file (default: $BATCH_DB, else batch.sqlite3)",
+        help="the store: a file, or a postgresql:// URL (default: $BATCH_DB, else batch.sqlite3)",
     )
     as_json = _Parser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON lines for scripts")
@@ -140,7 +140,9 @@ def _parser() -> _Parser:
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
 
     p = commands.add_parser("demo", help="watch a local demo run (a few seconds)")
-    p.add_argument("--db", help="the store file (default: a new temporary file, kept)")
+    p.add_argument(
+        "--db", help="the store: a file, or a postgresql:// URL (default: a new file, kept)"
+    )
     p.set_defaults(command=_demo)
 
     p = commands.add_parser("fetch", parents=[db, as_json], help="fetch the URLs listed in FILE")

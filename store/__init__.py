@@ -1,7 +1,9 @@
-"""The SQLite store under the batch runner.
+"""The store under the batch runner: an SQLite file, or a PostgreSQL
+database shared by processes on many hosts, behind one API.
 
 import store
-with store.open("jobs.sqlite3") as db:
+with store.open("jobs.sqlite3") as db:                       # or
+with store.open("postgresql://app@db.internal/jobs") as db:  # pip install 'batch-store[postgres]'
     ...
 """
 

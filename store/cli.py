@@ -412,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--db",
         metavar="PATH",
         default=os.environ.get(STORE_DB) or DEFAULT_DB,
-        help=f"the store file (default: ${STORE_DB}, else {DEFAULT_DB})",
+        help=f"the store: a file, or a postgresql:// URL (default: ${STORE_DB}, else {DEFAULT_DB})",
     )
     view = Parser(add_help=False)
     view.add_argument("--json", action="store_true", help="print JSON, for scripts")
