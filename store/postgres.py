@@ -31,9 +31,11 @@ import contextlib
 import functools
 import logging
 import re
+import secrets
 import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -77,10 +79,19 @@ LISTEN_POLL = 0.25
 RETRY_LISTEN = 1.0
 
 _CLOCK = "SELECT extract(epoch FROM clock_timestamp())::float8"
-#: A write begins by taking the lock, reading the clock and learning its own
-#: transaction id (to ask, should the connection drop as it commits,
-#: whether it did), in one round trip.
-_BEGIN_WRITE = f"BEGIN; {_CLOCK}, pg_current_xact_id()::text FROM pg_advisory_xact_lock(%s)"
+#: A write begins by taking the lock, reading the clock, and leaving a mark
+#: (its connection's key and a token of its own, in ``store_commits``): should
+#: the connection drop as it commits, the mark says whether it did. All in
+#: one round trip. (A transaction id would not do: after a crash of the
+#: server, the id of a transaction whose commit was lost is given again.)
+_BEGIN_LOCKED = f"BEGIN; {_CLOCK} FROM pg_advisory_xact_lock(%s)"
+_BEGIN_WRITE = (
+    f"{_BEGIN_LOCKED}; INSERT INTO store_commits (conn, token, at)"
+    " VALUES (%s, %s, extract(epoch FROM clock_timestamp()))"
+    " ON CONFLICT (conn) DO UPDATE SET token = excluded.token, at = excluded.at"
+)
+#: Seconds a connection's mark is kept after its last write (pruned at open).
+MARKS_KEPT = 86_400.0
 #: A read sees one snapshot throughout, and may not write.
 _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
@@ -229,6 +240,14 @@ SCHEMA: tuple[str, ...] = (
     )
     """,
     "INSERT INTO lease_clock (one, beat_at) VALUES (1, 0)",
+    # The last write of each connection: see _BEGIN_WRITE.
+    """
+    CREATE TABLE store_commits (
+        conn  TEXT   COLLATE "C" PRIMARY KEY,
+        token BIGINT NOT NULL,
+        at    DOUBLE PRECISION NOT NULL
+    )
+    """,
 )
 
 #: Steps after ``SCHEMA``: ``UPGRADES[i]`` takes a database from version
@@ -318,7 +337,8 @@ class _Pool:
     at a time: a psycopg connection runs one statement at a time and would
     share one transaction between threads.
 
-    ``_cond`` (with its lock) guards ``_idle``, ``_open`` and ``_closed``.
+    ``_cond`` (with its lock) guards ``_idle``, ``_open``, ``_closed`` and
+    ``_keys``.
     A connection is idle (in ``_idle``) only outside any transaction; one
     that is broken, or closed, is never put back.
     """
@@ -330,6 +350,13 @@ class _Pool:
         self._idle: list[psycopg.Connection[Any]] = []
         self._open = 0
         self._closed = False
+        # Each open connection's key, for the marks its writes leave.
+        self._keys: dict[int, str] = {}
+
+    def key(self, conn: psycopg.Connection[Any]) -> str:
+        """The key of this pooled connection: its own for as long as it lives."""
+        with self._cond:
+            return self._keys[id(conn)]
 
     def get(self, closed_error: Callable[[], StoreError]) -> psycopg.Connection[Any]:
         with self._cond:
@@ -341,12 +368,15 @@ class _Pool:
                 return self._idle.pop()
             self._open += 1
         try:
-            return self._connect()
+            conn = self._connect()
         except BaseException:
             with self._cond:
                 self._open -= 1
                 self._cond.notify()
             raise
+        with self._cond:
+            self._keys[id(conn)] = uuid.uuid4().hex
+        return conn
 
     def put(self, conn: psycopg.Connection[Any]) -> None:
         usable = not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE
@@ -356,6 +386,7 @@ class _Pool:
                 self._cond.notify()
                 return
             self._open -= 1
+            self._keys.pop(id(conn), None)
             self._cond.notify()
         with contextlib.suppress(psycopg.Error):
             conn.close()
@@ -365,6 +396,8 @@ class _Pool:
         with self._cond:
             idle, self._idle = self._idle, []
             self._open -= len(idle)
+            for conn in idle:
+                self._keys.pop(id(conn), None)
             self._cond.notify_all()
         for conn in idle:
             with contextlib.suppress(psycopg.Error):
@@ -479,7 +512,8 @@ class PostgresDatabase(Database):
             if readonly:
                 self.read(self._check_version)
             else:
-                self.write(self._migrate)
+                # No mark: the table of marks may not be there yet.
+                self._run(self._migrate, write=True, mark=False)
         except BaseException:
             self._pool.close()
             raise
@@ -522,12 +556,12 @@ class PostgresDatabase(Database):
     def write(self, fn: Callable[[Tx], T]) -> T:
         if self.readonly:
             raise StoreError(f"store {self.path!r} is open for reading only")
-        return self._run(fn, write=True)
+        return self._run(fn, write=True, mark=True)
 
     def read(self, fn: Callable[[Tx], T]) -> T:
-        return self._run(fn, write=False)
+        return self._run(fn, write=False, mark=False)
 
-    def _run(self, fn: Callable[[Tx], T], *, write: bool) -> T:
+    def _run(self, fn: Callable[[Tx], T], *, write: bool, mark: bool) -> T:
         """Run ``fn`` in one transaction, trying again (with a new
         connection where the old one broke) while what fails is contention
         or a connection lost before the commit was made."""
@@ -536,7 +570,7 @@ class PostgresDatabase(Database):
         while True:
             conn = self._connection(deadline)
             try:
-                return self._attempt(conn, fn, write=write, deadline=deadline)
+                return self._attempt(conn, fn, write=write, mark=mark, deadline=deadline)
             except _TryAgain as again:
                 if time.monotonic() + delay > deadline:
                     raise self._error(again.cause, committing=False) from again.cause
@@ -561,18 +595,29 @@ class PostgresDatabase(Database):
             delay = min(2 * delay, 0.5)
 
     def _attempt(
-        self, conn: psycopg.Connection[Any], fn: Callable[[Tx], T], *, write: bool, deadline: float
+        self,
+        conn: psycopg.Connection[Any],
+        fn: Callable[[Tx], T],
+        *,
+        write: bool,
+        mark: bool,
+        deadline: float,
     ) -> T:
         """One try of the transaction; ``_TryAgain`` when nothing of it
-        stands and trying again may succeed."""
+        stands and trying again may succeed. A write that leaves its
+        ``mark`` can tell, should its connection drop as it commits, whether
+        it did."""
         committing = False
-        xid = ""
+        key, token = self._pool.key(conn), secrets.randbits(62)
         try:
             now = None
             if write:
-                cur = conn.execute(_BEGIN_WRITE, (LOCK_KEY,))
+                if mark:
+                    cur = conn.execute(_BEGIN_WRITE, (LOCK_KEY, key, token))
+                else:
+                    cur = conn.execute(_BEGIN_LOCKED, (LOCK_KEY,))
                 cur.nextset()
-                server, xid = cur.fetchone() or (0.0, "")
+                (server,) = cur.fetchone() or (0.0,)
                 now = self.clock(server)
             tx = _Tx(self, conn, now)
             result = fn(tx)
@@ -584,9 +629,9 @@ class PostgresDatabase(Database):
             lost = isinstance(e, psycopg.OperationalError) and conn.closed
             if lost:
                 self._pool.discard()
-            if lost and committing and xid:
+            if lost and committing and mark:
                 # The commit was sent, and the answer lost: ask the server.
-                outcome = self._outcome(xid, deadline)
+                outcome = self._outcome(key, token, deadline)
                 if outcome == "committed":
                     return result
                 committing = outcome != "aborted"
@@ -598,21 +643,24 @@ class PostgresDatabase(Database):
             raise
         return result
 
-    def _outcome(self, xid: str, deadline: float) -> str | None:
-        """Whether the transaction ``xid``, whose connection dropped while it
-        committed, did: ``"committed"`` or ``"aborted"``, asked on a new
-        connection until ``deadline``; None if the server could not tell."""
+    def _outcome(self, key: str, token: int, deadline: float) -> str | None:
+        """Whether the write that left mark ``token`` on connection ``key``,
+        whose connection dropped while it committed, did: ``"committed"``
+        (the mark is there) or ``"aborted"`` (it is not: the connection is
+        gone, so nothing else writes its mark), asked on a new connection
+        until ``deadline``; None if the server could not be asked."""
         delay = 0.005
         while time.monotonic() + delay <= deadline:
             try:
                 with psycopg.connect(self.url, autocommit=True) as conn:
-                    row = conn.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
+                    row = conn.execute(
+                        "SELECT token FROM store_commits WHERE conn = %s", (key,)
+                    ).fetchone()
             except psycopg.Error:
-                row = None
-            if row is not None and row[0] in ("committed", "aborted"):
-                return str(row[0])
-            time.sleep(delay)  # the server is away, or still ending it
-            delay = min(2 * delay, 0.5)
+                time.sleep(delay)  # the server is away
+                delay = min(2 * delay, 0.5)
+                continue
+            return "committed" if row is not None and row[0] == token else "aborted"
         return None
 
     def _error(self, e: psycopg.Error, *, committing: bool) -> StoreError:
@@ -682,6 +730,7 @@ class PostgresDatabase(Database):
             tx.execute(f"INSERT INTO {_VERSION_TABLE} (version) VALUES (?)", (SCHEMA_VERSION,))
             version = SCHEMA_VERSION
         check_not_newer(self.path, version)
+        tx.execute("DELETE FROM store_commits WHERE at < ?", (tx.now - MARKS_KEPT,))
         for step in UPGRADES[version - SCHEMA_VERSION :]:
             for statement in step:
                 tx.execute(statement)

@@ -294,11 +294,14 @@ def test_a_connection_lost_at_commit_is_resolved_by_asking_the_server(
         db.create_job("j", "alice", ["x", "y"])
         state = {"dropped": 0}
         get = store.postgres._Pool.get
-        monkeypatch.setattr(
-            store.postgres._Pool,
-            "get",
-            lambda pool, closed: DropsAtCommit(get(pool, closed), after, state),  # type: ignore[arg-type]
-        )
+
+        def dropping(pool: store.postgres._Pool, closed: Any) -> Any:
+            real = get(pool, closed)
+            proxy = DropsAtCommit(real, after, state)
+            pool._keys[id(proxy)] = pool.key(real)  # the proxy is the connection now
+            return proxy
+
+        monkeypatch.setattr(store.postgres._Pool, "get", dropping)
         stored = db.store_targets([store.TargetOutcome("j", 0, "done", result='"v"')])
         monkeypatch.undo()
         assert state["dropped"] == 1
