@@ -290,7 +290,7 @@ url, first, jobs, per_job, start_at = sys.argv[1], *map(int, sys.argv[2:5]), flo
 work = [refs(j, per_job) for j in range(first, first + jobs)]
 with open_runner(url, echo, max_targets=per_job) as (runner, tally):
     while time.time() < start_at:
-        time.sleep(0.001)
+        time.sleep(0.001)  # allow-sleep: every process begins at one moment
     for job in work:
         runner.submit(CALLER, job)
     tally.wait_stored(jobs * per_job)

@@ -27,6 +27,7 @@ __all__ = [
     "Synchronous",
     "Tx",
     "check_not_newer",
+    "check_readable",
     "in_list",
 ]
 
@@ -129,3 +130,13 @@ def check_not_newer(path: str, version: int) -> None:
             f"store {path!r} has schema version {version}, newer than this "
             f"library's {VERSION}: upgrade the library to open it"
         )
+
+
+def check_readable(path: str, version: int) -> None:
+    """Refuse to read a store whose schema is not this library's version."""
+    if version < VERSION:
+        raise StoreError(
+            f"store {path!r} has schema version {version}, older than this library's"
+            f" {VERSION}: open it once for writing to upgrade it"
+        )
+    check_not_newer(path, version)

@@ -39,7 +39,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from .db import RESYNC, Cursor, Database, Tx, check_not_newer
+from .db import RESYNC, Cursor, Database, Tx, check_not_newer, check_readable
 from .errors import Conflict, StoreError
 from .schema import VERSION
 
@@ -698,12 +698,7 @@ class PostgresDatabase(Database):
         version = self._version(tx)
         if version is None:
             raise StoreError(f"{self.path!r} holds no store (no {_VERSION_TABLE} table)")
-        if version < VERSION:
-            raise StoreError(
-                f"store {self.path!r} has schema version {version}, older than this library's"
-                f" {VERSION}: open it once for writing to upgrade it"
-            )
-        check_not_newer(self.path, version)
+        check_readable(self.path, version)
 
     def _migrate(self, tx: Tx) -> None:
         """Set up an empty schema, or bring the store's forward; under the

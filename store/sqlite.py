@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from .db import Database, Synchronous, Tx, check_not_newer
+from .db import Database, Synchronous, Tx, check_not_newer, check_readable
 from .errors import Conflict, StoreError
 from .schema import MIGRATIONS, VERSION
 
@@ -92,12 +92,7 @@ class SQLiteDatabase(Database):
         (version,) = self._conn.execute("PRAGMA user_version").fetchone()
         if version == 0:
             raise StoreError(f"{self.path!r} is not a store file (it holds no store tables)")
-        if version < VERSION:
-            raise StoreError(
-                f"store {self.path!r} has schema version {version}, older than this library's"
-                f" {VERSION}: open it once for writing to upgrade it"
-            )
-        check_not_newer(self.path, version)
+        check_readable(self.path, version)
 
     def _refuse_foreign(self) -> None:
         """Refuse, before writing anything (even the switch to WAL), a

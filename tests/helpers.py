@@ -44,14 +44,8 @@ def fresh(engine: str, root: Path, server: pgserver.Server | None) -> Iterator[s
         return
     if server is None:
         pytest.skip("no PostgreSQL server here")
-    name = f"t{os.getpid()}_{n}"
-    with psycopg.connect(server.url(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
-    try:
-        yield server.url(name)
-    finally:
-        with psycopg.connect(server.url(), autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    with server.database(f"t{os.getpid()}_{n}", template=TEMPLATE) as url:
+        yield url
 
 
 def within(seconds: float, pred: Callable[[], bool]) -> bool:

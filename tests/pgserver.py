@@ -91,6 +91,21 @@ class Server:
             "start",
         )  # fmt: skip
 
+    @contextlib.contextmanager
+    def database(self, name: str, template: str | None = None) -> Iterator[str]:
+        """A new database on this server (a copy of ``template``, if given)
+        for as long as the block runs; its URL."""
+        import psycopg  # noqa: PLC0415 (only the PostgreSQL half of the tests needs it)
+
+        copy = f" TEMPLATE {template}" if template else ""
+        with psycopg.connect(self.url(), autocommit=True) as admin:
+            admin.execute(f"CREATE DATABASE {name}{copy}")  # type: ignore[arg-type]
+        try:
+            yield self.url(name)
+        finally:
+            with psycopg.connect(self.url(), autocommit=True) as admin:
+                admin.execute(f"DROP DATABASE {name} WITH (FORCE)")  # type: ignore[arg-type]
+
     def restart(self) -> None:
         """Stop the server at once (closing every connection) and start it again."""
         self._run(

@@ -5,7 +5,6 @@ engines, by the tests that take ``db`` or ``location``.)"""
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 import textwrap
@@ -44,17 +43,6 @@ def url(server: pgserver.Server, tmp_path: Path) -> Iterator[str]:
         yield where
 
 
-@contextlib.contextmanager
-def empty_database(server: pgserver.Server, name: str) -> Iterator[str]:
-    with psycopg.connect(server.url(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    try:
-        yield server.url(name)
-    finally:
-        with psycopg.connect(server.url(), autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
-
-
 # -- the database --------------------------------------------------------------
 
 
@@ -72,7 +60,7 @@ def test_processes_opening_one_empty_database_at_once_all_succeed(
 ) -> None:
     """Six processes open the same empty database at the same moment: each
     succeeds, and the schema is set up once."""
-    with empty_database(server, "opened_at_once") as where:
+    with server.database("opened_at_once") as where:
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", OPENER, where, f"j{i}"],
@@ -93,7 +81,7 @@ def test_processes_opening_one_empty_database_at_once_all_succeed(
 def test_a_schema_of_another_application_is_refused_untouched(server: pgserver.Server) -> None:
     """A database whose schema holds other tables (and no store) is refused,
     named, with what to do; nothing is created in it."""
-    with empty_database(server, "theirs") as where:
+    with server.database("theirs") as where:
         raw(where, "CREATE TABLE invoices (id int)")
         with pytest.raises(store.StoreError, match="is not a store: its schema holds other tables"):
             store.open(where)
@@ -118,7 +106,7 @@ def test_readonly_reads_and_refuses_writes(url: str, server: pgserver.Server) ->
         with pytest.raises(store.StoreError, match="reading only"):
             ro.create_job("k", "alice", ["x"])
     with (
-        empty_database(server, "nothing_here") as where,
+        server.database("nothing_here") as where,
         pytest.raises(store.StoreError, match="holds no store"),
     ):
         store.open(where, readonly=True)

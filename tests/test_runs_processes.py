@@ -50,7 +50,7 @@ CHILD = textwrap.dedent(
     node = f"{name}-node"
     db.advertise(store.Advert(node, node, {"linux"}))
     while time.time() < float(start_at):
-        time.sleep(0.001)
+        time.sleep(0.001)  # allow-sleep: every process begins at one moment
     held, turns, submits = None, 0, 0
     deadline = time.time() + float(seconds)
     while time.time() < deadline:
