@@ -841,15 +841,14 @@ def test_find_job_reads_any_owner(db: store.Store) -> None:
     assert db.find_job("nope") is None
 
 
-def test_readonly_open_reads_and_refuses_writes(tmp_path: Path) -> None:
-    path = tmp_path / "jobs.sqlite3"
-    with store.open(path) as db:
+def test_readonly_open_reads_and_refuses_writes(location: str) -> None:
+    with store.open(location) as db:
         db.create_job("j1", "alice", ["a"])
-    with store.open(path, readonly=True) as ro:
+    with store.open(location, readonly=True) as ro:
         assert ro.find_job("j1") is not None
         with pytest.raises(store.StoreError, match="reading only"):
             ro.create_job("j2", "alice", ["a"])
-    with store.open(path, readonly=True) as ro:
+    with store.open(location, readonly=True) as ro:
         assert [s.id for s in ro.list_jobs()] == ["j1"]
 
 
