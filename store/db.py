@@ -29,6 +29,7 @@ __all__ = [
     "check_not_newer",
     "check_readable",
     "in_list",
+    "values",
 ]
 
 Synchronous = Literal["NORMAL", "FULL"]
@@ -121,6 +122,25 @@ def in_list(column: str, values: Sequence[object]) -> tuple[str, tuple[object, .
     if not values:
         return "1 = 0", ()
     return f"{column} IN ({', '.join('?' * len(values))})", tuple(values)
+
+
+#: Rows of one ``VALUES`` list at most: a statement binds well under the
+#: parameters either engine allows, however many rows a caller has.
+VALUES_ROWS = 200
+
+
+def values(rows: Sequence[Sequence[object]]) -> Iterator[tuple[str, tuple[object, ...]]]:
+    """``(VALUES (?, ?), (?, ?)) AS v`` for these rows, and its arguments, a
+    chunk of at most ``VALUES_ROWS`` rows at a time: a statement that
+    updates a set of rows in one go joins it. Both dialects name its
+    columns ``v.column1``, ``v.column2``, ..."""
+    for start in range(0, len(rows), VALUES_ROWS):
+        chunk = rows[start : start + VALUES_ROWS]
+        row = f"({', '.join('?' * len(chunk[0]))})"
+        yield (
+            f"(VALUES {', '.join([row] * len(chunk))}) AS v",
+            tuple(value for r in chunk for value in r),
+        )
 
 
 def check_not_newer(path: str, version: int) -> None:

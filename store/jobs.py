@@ -7,11 +7,11 @@ with its owner: another owner's job looks exactly like a missing one.
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .db import Tx
+from .db import Tx, values
 from .errors import Conflict, NotFound
 from .schema import LIVE_JOB, TERMINAL_JOB, JobStatus, ended_status
 
@@ -24,7 +24,6 @@ __all__ = [
     "TargetRow",
     "cancel_job",
     "create_job",
-    "end_jobs",
     "evict",
     "find_job",
     "get_job",
@@ -32,9 +31,8 @@ __all__ = [
     "job_status",
     "list_jobs",
     "load_jobs",
+    "record",
     "set_job_status",
-    "start_jobs",
-    "store_targets",
     "total_bytes",
     "touch_job",
 ]
@@ -88,19 +86,7 @@ def _fenced(j: int, o: int, t: int) -> str:
     )
 
 
-# The statements that run once per target or job, made once.
-_ADD_BYTES = (
-    "UPDATE jobs SET nbytes = nbytes + ?1, updated_at = ?2"
-    " WHERE id = ?3 AND (?4 IS NULL OR (lease_owner = ?4 AND lease_token = ?5))"
-)
-_STORE_TARGET = (
-    "UPDATE targets SET status = ?1, result = ?2, error = ?3, hint = ?4"
-    " WHERE job_id = ?5 AND pos = ?6 AND status = 'pending'"
-)
-_START_JOB = (
-    "UPDATE jobs SET status = 'running', updated_at = ?1"
-    " WHERE id = ?2 AND status = 'queued'" + _fenced(2, 3, 4)
-)
+# The statements that move one job, made once.
 _END_JOB = (
     "UPDATE jobs SET status = ?1, updated_at = ?2, touched_at = ?2, lease_owner = NULL"
     " WHERE id = ?3 AND status IN ('queued', 'running')" + _fenced(3, 4, 5)
@@ -246,84 +232,112 @@ def job_status(conn: Tx, job_id: str, owner: str) -> JobStatus | None:
     return None if row is None else row[0]
 
 
-def store_targets(
-    conn: Tx, outcomes: Sequence[TargetOutcome], now: float
-) -> tuple[dict[int, NotFound | Conflict], frozenset[int]]:
-    """Store the outcomes of pending targets, adding their bytes to their
-    jobs' and to the total. Returns, by index in ``outcomes``, those not
-    stored: ``NotFound`` when the job is gone (evicted meanwhile),
-    ``Conflict`` when its lease is another's or that target is no longer
-    pending; and those stored whose job is terminal already (cancelled).
-    Terminal statuses are left to :func:`end_jobs`.
-    """
-    refused: dict[int, NotFound | Conflict] = {}
-    cancelled: set[int] = set()
-    added = 0
-    for i, o in enumerate(outcomes):
-        # The job's row first: one statement checks the lease and counts
-        # the bytes (a subquery per target would cost more).
-        owner, token = (None, None) if o.lease is None else (o.lease.owner, o.lease.token)
-        nbytes = o.nbytes
-        if conn.execute(_ADD_BYTES, (nbytes, now, o.job_id, owner, token)).rowcount != 1:
-            refused[i] = _refusal(conn, o)
-            continue
-        if (
-            conn.execute(
-                _STORE_TARGET, (o.status, o.result, o.error, o.hint, o.job_id, o.pos)
-            ).rowcount
-            != 1
-        ):
-            conn.execute("UPDATE jobs SET nbytes = nbytes - ? WHERE id = ?", (nbytes, o.job_id))
-            refused[i] = Conflict(f"target {o.pos} of job {o.job_id!r} is not pending")
-            continue
-        added += nbytes
-    if added:
-        conn.execute("UPDATE job_bytes SET total = total + ?", (added,))
-    stored = {o.job_id for i, o in enumerate(outcomes) if i not in refused}
-    if stored:
-        # One look for the lot: which of these jobs were cancelled meanwhile.
-        ended = {
-            job_id
-            for (job_id,) in conn.execute(
-                "SELECT id FROM jobs WHERE status NOT IN ('queued', 'running')"
-                f" AND id IN ({', '.join('?' * len(stored))})",
-                tuple(stored),
-            )
-        }
-        cancelled = {i for i, o in enumerate(outcomes) if i not in refused and o.job_id in ended}
-    return refused, frozenset(cancelled)
-
-
-def _refusal(conn: Tx, o: TargetOutcome) -> NotFound | Conflict:
-    """Why the job of ``o`` refused it: gone, or held by another."""
-    if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (o.job_id,)).fetchone() is None:
-        return NotFound(f"no job {o.job_id!r}")
-    owner = None if o.lease is None else o.lease.owner
-    return Conflict(f"job {o.job_id!r} is no longer leased to runner {owner}")
-
-
-def start_jobs(conn: Tx, starting: Sequence[tuple[str, Lease | None]], now: float) -> None:
-    """Move these jobs from ``queued`` to ``running``, each only while held
-    with its lease (if given); those in another status stay as they are."""
-    if starting:  # executemany costs a statement's preparation even for none
-        conn.executemany(_START_JOB, [(now, job_id, *_fence(lease)) for job_id, lease in starting])
-
-
-def end_jobs(
+def record(
     conn: Tx,
     outcomes: Sequence[TargetOutcome],
-    refused: Container[int],
+    starting: Sequence[tuple[str, Lease | None]],
     now: float,
-) -> frozenset[int]:
-    """Move the job of every stored outcome that carries a ``job_status`` to
-    it; return the indexes of those that did (not those already terminal)."""
-    return frozenset(
-        i
-        for i, o in enumerate(outcomes)
-        if o.job_status is not None
-        and i not in refused
-        and set_job_status(conn, o.job_id, o.job_status, now, o.lease)
+    max_bytes: int | None,
+) -> Stored:
+    """Record a batch: the ``starting`` jobs still ``queued`` become
+    ``running``; each outcome is stored if its job is there, held with its
+    lease and its target pending; the jobs whose outcome carries a
+    ``job_status`` end; then, given ``max_bytes``, terminal jobs are evicted
+    past that budget. In this order, so that the budget holds once the
+    transaction commits; the jobs just ended were touched last, so they go
+    last. An outcome refused does not stop the others.
+
+    One read decides everything, then one statement per kind of write runs
+    over all its rows (``executemany``: a loop in C on SQLite, one round trip
+    on PostgreSQL), so a batch costs a fixed number of calls however many
+    outcomes it holds.
+    """
+    seen = _look(conn, [(o.job_id, o.pos) for o in outcomes] + [(j, -1) for j, _ in starting])
+    start = [
+        (now, job_id)
+        for job_id, lease in starting
+        if (h := seen.get((job_id, -1))) is not None and h[0] == "queued" and _holds(h, lease)
+    ]
+    if start:
+        conn.executemany(
+            "UPDATE jobs SET status = 'running', updated_at = ? WHERE id = ? AND status = 'queued'",
+            start,
+        )
+    refused: dict[int, NotFound | Conflict] = {}
+    kept: dict[tuple[str, int], int] = {}
+    for i, o in enumerate(outcomes):
+        h = seen[o.job_id, o.pos]
+        if h[0] is None:
+            refused[i] = NotFound(f"no job {o.job_id!r}")
+        elif not _holds(h, o.lease):
+            owner = None if o.lease is None else o.lease.owner
+            refused[i] = Conflict(f"job {o.job_id!r} is no longer leased to runner {owner}")
+        elif h[3] != "pending" or (o.job_id, o.pos) in kept:
+            refused[i] = Conflict(f"target {o.pos} of job {o.job_id!r} is not pending")
+        else:
+            kept[o.job_id, o.pos] = i
+    stored = [outcomes[i] for i in kept.values()]
+    if stored:
+        conn.executemany(
+            "UPDATE targets SET status = ?, result = ?, error = ?, hint = ?"
+            " WHERE job_id = ? AND pos = ?",
+            [(o.status, o.result, o.error, o.hint, o.job_id, o.pos) for o in stored],
+        )
+    by_job: dict[str, int] = {}
+    for o in stored:
+        by_job[o.job_id] = by_job.get(o.job_id, 0) + o.nbytes
+    if by_job:
+        conn.executemany(
+            "UPDATE jobs SET nbytes = nbytes + ?, updated_at = ? WHERE id = ?",
+            [(n, now, job_id) for job_id, n in by_job.items()],
+        )
+    (total,) = conn.execute(
+        "UPDATE job_bytes SET total = total + ? RETURNING total", (sum(by_job.values()),)
+    ).fetchone()
+    ending: dict[str, int] = {}
+    for i in kept.values():
+        o = outcomes[i]
+        if o.job_status is not None and seen[o.job_id, o.pos][0] in LIVE_JOB:
+            ending.setdefault(o.job_id, i)
+    if ending:
+        conn.executemany(
+            "UPDATE jobs SET status = ?, updated_at = ?, touched_at = ?, lease_owner = NULL"
+            " WHERE id = ?",
+            [(outcomes[i].job_status, now, now, job_id) for job_id, i in ending.items()],
+        )
+    return Stored(
+        refused,
+        frozenset(ending.values()),
+        [] if max_bytes is None else evict(conn, max_bytes, int(total)),
+        frozenset(i for key, i in kept.items() if seen[key][0] not in LIVE_JOB),
     )
+
+
+#: What :func:`record` reads of one target: its job's status, lease owner
+#: and token (all None if the job is gone), and its own status (None if the
+#: job has no such target).
+_Seen = tuple[str | None, str | None, int | None, str | None]
+
+
+def _look(conn: Tx, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], _Seen]:
+    """For each (job id, position): what :func:`record` needs to know of it.
+    Position -1 asks about the job alone."""
+    seen: dict[tuple[str, int], _Seen] = {}
+    for table, args in values(keys):
+        for job_id, pos, status, owner, token, target in conn.execute(
+            "SELECT v.column1, v.column2, jobs.status, jobs.lease_owner, jobs.lease_token,"
+            f" targets.status FROM {table}"
+            " LEFT JOIN jobs ON jobs.id = v.column1"
+            " LEFT JOIN targets ON targets.job_id = v.column1 AND targets.pos = v.column2",
+            args,
+        ):
+            seen[job_id, pos] = (status, owner, token, target)
+    return seen
+
+
+def _holds(seen: _Seen, lease: Lease | None) -> bool:
+    """Whether a write made under ``lease`` (None: unconditioned) may be made."""
+    return lease is None or (seen[1] == lease.owner and seen[2] == lease.token)
 
 
 def total_bytes(conn: Tx) -> int:
@@ -332,15 +346,17 @@ def total_bytes(conn: Tx) -> int:
     return int(total)
 
 
-def evict(conn: Tx, max_bytes: int) -> list[str]:
+def evict(conn: Tx, max_bytes: int, total: int | None = None) -> list[str]:
     """Delete terminal jobs, least recently touched first (creation order breaks
     ties), until the stored bytes are within ``max_bytes`` or no terminal job
     is left. Live jobs are never evicted. Returns the evicted ids, in order.
 
-    Under budget this costs one row read.
+    Under budget this costs one row read, or none given the ``total`` bytes
+    stored now.
     """
     evicted: list[str] = []
-    total = total_bytes(conn)
+    if total is None:
+        total = total_bytes(conn)
     while total > max_bytes:
         row = conn.execute(
             "SELECT id, nbytes FROM jobs"

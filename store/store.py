@@ -131,7 +131,7 @@ class Store:
         outcome = TargetOutcome(job_id, pos, status, result, error, hint, job_status)
 
         def store_one(tx: Tx) -> list[str]:
-            stored = _store_targets(tx, [outcome], max_bytes)
+            stored = jobs.record(tx, [outcome], (), tx.now, max_bytes)
             if stored.refused:
                 raise stored.refused[0]  # rolls the transaction back
             return stored.evicted
@@ -153,11 +153,7 @@ class Store:
         First, the ``starting`` jobs (id and lease) still ``queued`` become
         ``running``."""
 
-        def store(tx: Tx) -> Stored:
-            jobs.start_jobs(tx, starting, tx.now)
-            return _store_targets(tx, outcomes, max_bytes)
-
-        return self._db.write(store)
+        return self._db.write(lambda tx: jobs.record(tx, outcomes, starting, tx.now, max_bytes))
 
     def get_job(self, job_id: str, owner: str) -> JobRow | None:
         """The job and its targets, or None if ``owner`` has no such job."""
@@ -353,16 +349,6 @@ class Store:
             self.wake_queued(why)
         except StoreError:
             log.exception("wake (%s) failed; the next event will wake the queue", why)
-
-
-def _store_targets(tx: Tx, outcomes: Sequence[TargetOutcome], max_bytes: int | None) -> Stored:
-    """Store the outcomes, end the jobs, evict past ``max_bytes``: in this
-    order, so that the budget holds once the commit is made. The jobs just
-    ended were touched last, so they go last."""
-    refused, cancelled = jobs.store_targets(tx, outcomes, tx.now)
-    ended = jobs.end_jobs(tx, outcomes, refused, tx.now)
-    evicted = [] if max_bytes is None else jobs.evict(tx, max_bytes)
-    return Stored(refused, ended, evicted, cancelled)
 
 
 def open(

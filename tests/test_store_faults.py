@@ -168,10 +168,17 @@ class FlakyConnection:
         self.left = times
 
     def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+        self._maybe_fail(sql)
+        return self._conn.execute(sql, *args)
+
+    def executemany(self, sql: str, *args: object) -> sqlite3.Cursor:
+        self._maybe_fail(sql)
+        return self._conn.executemany(sql, *args)  # type: ignore[arg-type]
+
+    def _maybe_fail(self, sql: str) -> None:
         if self.left and sql.lstrip().startswith(self._prefix):
             self.left -= 1
             raise sqlite3.OperationalError(self._message)
-        return self._conn.execute(sql, *args)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._conn, name)
