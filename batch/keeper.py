@@ -150,7 +150,7 @@ def beat(s: State[C], resume: Resume) -> bool:
     if s.closed:
         return True  # what it took is released when the runner retires
     s.valid_until = started + lapse
-    s.wake_workers()
+    s.wake_worker()
     for job in s.rotation:
         if job.id not in known or job.lost:
             continue

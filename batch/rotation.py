@@ -200,6 +200,11 @@ class Rotation(Generic[C]):
             return None
         return job
 
+    def ready(self, now: float) -> bool:
+        """Whether some job may start a target at ``now`` (an entry of a job
+        that left may answer True once: a wake for nothing, never a miss)."""
+        return bool(self._ahead or self._behind or (self._retry and self._retry[0][0] <= now))
+
     def next_retry_in(self, now: float) -> float | None:
         """Seconds until the earliest held-back target may be tried, or None if
         no job waits on a retry."""

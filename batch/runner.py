@@ -334,7 +334,7 @@ class Runner(Generic[C]):
             raise TimeoutError(f"a hook held the runner for longer than {timeout}s")
         try:
             s.closed = True
-            s.work.notify_all()
+            s.wake_all()
             s.done.notify_all()
         finally:
             s.lock.release()

@@ -7,6 +7,7 @@ works on one ``State``; this is where the rule of its lock is written.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import Generic, TypeVar
 
@@ -19,11 +20,23 @@ from .hooks import Hooks, call_hook
 from .model import Config
 from .rotation import LiveJob, Rotation
 
-__all__ = ["State"]
+__all__ = ["Sleeper", "State"]
 
 log = logging.getLogger("batch")
 
 C = TypeVar("C")
+
+
+class Sleeper:
+    """An idle worker's place: a condition of its own on the runner's lock,
+    so that a wake reaches the one worker chosen, and whether it was woken
+    (rather than timed out)."""
+
+    __slots__ = ("cond", "woken")
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.cond = threading.Condition(lock)
+        self.woken = False
 
 
 class State(Generic[C]):
@@ -34,11 +47,17 @@ class State(Generic[C]):
     changes in order). It is never held while a fetch runs, nor while the
     group commit or the keeper writes to the store.
 
-    Three conditions share it; each says who waits on it and who notifies:
+    Conditions share it; each says who waits on it and who notifies:
 
-    - ``work``: idle workers (``idle`` of them) wait for a job that can start
-      a target. Notified, while ``idle`` > 0, on every change that can let
-      one start: a job added or put back, a renewal, close.
+    - each idle worker's own (a :class:`Sleeper`, in ``sleeping``): it waits
+      for a job that can start a target. A worker is woken only when a job
+      can start and no worker woken before is still on its way
+      (``waking``): the one woken takes a job and, if more can start, wakes
+      the next. So a job that becomes ready wakes one worker, never all of
+      them, and a worker that is running takes ready jobs before any
+      sleeping one is woken. The sleeper that keeps the ``timer`` also
+      wakes at the earliest retry (``timer_at``). Every sleeper is woken on
+      close.
     - ``done``: callers in ``Runner.wait`` (``waited`` by job id) wait for
       their job to end. Notified when a waited-for job leaves the rotation
       or is cancelled, when a batch is written after close, and on close.
@@ -78,13 +97,18 @@ class State(Generic[C]):
         self.ctx = Context()
 
         self.lock = threading.Lock()
-        self.work = threading.Condition(self.lock)
         self.done = threading.Condition(self.lock)
         self.chores = threading.Condition(self.lock)
 
         self.rotation: Rotation[C] = Rotation()
         self.inflight = 0
-        self.idle = 0
+        # Idle workers, the last to go idle last (woken first: the most
+        # recently run thread); those woken and not yet back; the sleeper
+        # that wakes for the earliest retry, and when.
+        self.sleeping: dict[Sleeper, None] = {}
+        self.waking = 0
+        self.timer: Sleeper | None = None
+        self.timer_at = math.inf
         self.waited: dict[str, int] = {}
         # Fetches done, outcome not recorded yet (see commit.record).
         self.finished: list[tuple[LiveJob[C], Outcome]] = []
@@ -127,6 +151,8 @@ class State(Generic[C]):
             if self.config.max_live is not None and not self.closed:
                 self.want_room = True
                 self.chores.notify()
+        elif job.retry_at:
+            self.retry_at(job.retry_at)
         else:
             self.wake_worker()
 
@@ -158,16 +184,65 @@ class State(Generic[C]):
         return None if most is None else max(0, most - len(self.rotation) - self.reserved)
 
     def wake_worker(self) -> None:
-        """Notify one idle worker, if any: one job may start (or its retry
-        time is set, which the next to wait must see)."""
-        if self.idle:
-            self.work.notify()
+        """A job may start now, or at a retry time the sleepers may not know
+        of: wake one idle worker, unless one woken before is on its way (it
+        wakes the next itself, if more can start)."""
+        if self.sleeping and not self.waking:
+            self._wake_one()
 
-    def wake_workers(self) -> None:
-        """Notify every idle worker: the leases were renewed, or the runner
-        closes."""
-        if self.idle:
-            self.work.notify_all()
+    def pass_on(self, now: float) -> None:
+        """A worker has taken a job: if another can start now, wake the
+        next idle worker (no more than one on its way at a time)."""
+        if self.sleeping and not self.waking and self.rotation.ready(now):
+            self._wake_one()
+
+    def retry_at(self, when: float) -> None:
+        """A job waits to be tried again at ``when``: unless a sleeper wakes
+        by then, one is woken to keep the timer."""
+        if when < self.timer_at:
+            self.wake_worker()
+
+    def wake_all(self) -> None:
+        """Wake every idle worker: the runner closes."""
+        for sleeper in self.sleeping:
+            sleeper.woken = True
+            sleeper.cond.notify()
+        self.waking += len(self.sleeping)
+        self.sleeping.clear()
+
+    def _wake_one(self) -> None:
+        sleeper, _ = self.sleeping.popitem()
+        if sleeper is self.timer and self.sleeping:
+            # The timer keeper sleeps on: another is woken.
+            other, _ = self.sleeping.popitem()
+            self.sleeping[sleeper] = None
+            sleeper = other
+        sleeper.woken = True
+        self.waking += 1
+        sleeper.cond.notify()
+
+    def sleep(self, sleeper: Sleeper, retry_in: float | None) -> None:
+        """Wait (lock held) until woken, or, keeping the timer, until the
+        earliest retry ``retry_in`` seconds from now is due."""
+        now = self.clock.monotonic()
+        timeout = None
+        if retry_in is not None and (self.timer is None or now + retry_in < self.timer_at):
+            self.timer, self.timer_at, timeout = sleeper, now + retry_in, retry_in
+        self.sleeping[sleeper] = None
+        try:
+            self.wait(sleeper.cond, timeout)
+        finally:
+            if sleeper.woken:
+                sleeper.woken = False
+                self.waking -= 1
+            else:
+                del self.sleeping[sleeper]
+            if self.timer is sleeper:
+                self.timer, self.timer_at = None, math.inf
+                if self.sleeping and self.rotation.next_retry_in(now) is not None:
+                    # Retries wait and the others sleep untimed: one of
+                    # them is woken, to keep the timer.
+                    self._wake_one()
 
     def cancelled_elsewhere(self, job_id: str) -> None:
         """Another runner of this process cancelled ``job_id`` in the store:

@@ -12,7 +12,7 @@ from .context import Context
 from .hooks import call_hook
 from .model import Target
 from .rotation import LiveJob
-from .state import State
+from .state import Sleeper, State
 
 __all__ = ["work"]
 
@@ -32,9 +32,10 @@ def work(s: State[C], fetch: Callable[[Context, C, Target], object]) -> None:
     ``Runner.statistics().workers`` shows one fewer.
     """
     job: LiveJob[C] | None = None
+    sleeper = Sleeper(s.lock)
     try:
         with s.lock:
-            job = pick(s)
+            job = pick(s, sleeper)
         while job is not None:
             outcome = attempt(fetch, s.ctx, job.caller, job.targets[job.next])
             with s.lock:
@@ -46,7 +47,7 @@ def work(s: State[C], fetch: Callable[[Context, C, Target], object]) -> None:
                 job = None
                 if not s.writing:
                     commit.record(s)
-                job = pick(s)
+                job = pick(s, sleeper)
     except BaseException:
         log.critical("a batch worker thread ended on an error of the runner's own", exc_info=True)
         if job is not None:
@@ -56,21 +57,18 @@ def work(s: State[C], fetch: Callable[[Context, C, Target], object]) -> None:
         raise
 
 
-def pick(s: State[C]) -> LiveJob[C] | None:
-    """Wait for a job that can start a target and mark it in flight; None
-    once the runner is closed. Called with the lock held."""
+def pick(s: State[C], sleeper: Sleeper) -> LiveJob[C] | None:
+    """Wait (as ``sleeper``) for a job that can start a target and mark it
+    in flight; None once the runner is closed. Called with the lock held."""
     while not s.closed:
         now = s.clock.monotonic()
         job = None if now >= s.valid_until else s.rotation.pick(now)
         if job is None:
             # One timed wait on the earliest retry, not a timer per retry;
-            # past valid_until, only a renewal (which notifies) helps.
-            s.idle += 1
-            try:
-                s.wait(s.work, None if now >= s.valid_until else s.rotation.next_retry_in(now))
-            finally:
-                s.idle -= 1
+            # past valid_until, only a renewal (which wakes a worker) helps.
+            s.sleep(sleeper, None if now >= s.valid_until else s.rotation.next_retry_in(now))
             continue
+        s.pass_on(now)
         if not job.started:
             job.started = True
             if not s.starting:
