@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from json.scanner import make_scanner
 from typing import Any, Protocol
 
 from store.schema import LIVE_JOB
@@ -98,6 +100,51 @@ class TargetStatus:
     result: Any = None
     error: str | None = None
     hint: str | None = None
+
+
+def stored_targets(
+    rows: Iterable[tuple[int, str, str, str | None, str | None, str | None]],
+) -> list[TargetStatus]:
+    """The targets of a job as the store holds them (its rows: position,
+    ref, status, result JSON, error, hint), decoded.
+
+    Built without the frozen classes' ``__init__``: the refs were checked
+    when the job was submitted, and setting each slot directly costs half
+    as much, which a job of many targets, read often, notices."""
+    targets = []
+    for _, ref, status, result, error, hint in rows:
+        target = _new(Target)
+        _set_ref(target, ref)
+        item = _new(TargetStatus)
+        _set_target(item, target)
+        _set_status(item, status)
+        _set_result(item, None if result is None else _decode(result))
+        _set_error(item, error)
+        _set_hint(item, hint)
+        targets.append(item)
+    return targets
+
+
+_new = object.__new__
+#: The scanner under ``json.loads``, called directly.
+_scan = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # the documented context
+
+
+def _decode(text: str) -> Any:
+    """The value of a result's JSON, as ``json.loads`` gives it, without the
+    two whitespace scans it makes around the text: the runner stores none.
+    Any other text is left to ``json.loads``."""
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:
+        end = -1
+    return value if end == len(text) else json.loads(text)
+
+
+_set_ref = Target.__dict__["ref"].__set__
+_set_target, _set_status, _set_result, _set_error, _set_hint = (
+    TargetStatus.__dict__[name].__set__ for name in ("target", "status", "result", "error", "hint")
+)
 
 
 @dataclass(frozen=True, slots=True)

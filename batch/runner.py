@@ -5,7 +5,6 @@ in ``commit``, the leases in ``keeper``; they share one ``State``."""
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import threading
@@ -25,7 +24,15 @@ from .commit import unlocked
 from .context import Context
 from .errors import InvalidJob, JobNotFound, RunnerClosed
 from .hooks import Hooks, call_hook
-from .model import CallerLike, Config, Job, Statistics, Target, TargetStatus, caller_id
+from .model import (
+    CallerLike,
+    Config,
+    Job,
+    Statistics,
+    Target,
+    caller_id,
+    stored_targets,
+)
 from .rotation import LiveJob
 from .state import State
 
@@ -214,16 +221,7 @@ class Runner(Generic[C]):
             status=status,
             created_at=row.created_at,
             updated_at=row.updated_at,
-            targets=[
-                TargetStatus(
-                    Target(t.ref),
-                    t.status,
-                    None if t.result is None else json.loads(t.result),
-                    t.error,
-                    t.hint,
-                )
-                for t in row.targets
-            ],
+            targets=stored_targets(row.targets),
         )
 
     def touch(self, caller: C, job_id: str) -> None:
