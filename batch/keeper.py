@@ -204,7 +204,7 @@ def _adopt(s: State[C], row: store.JobRow, lease: store.Lease, resume: Resume) -
     job.started = row.status == "running"
     job.done = sum(t.status == "done" for t in row.targets[: job.next])
     job.failed = job.next - job.done
-    s.add(job)
+    s.add([job])
     return job
 
 

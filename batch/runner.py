@@ -131,57 +131,76 @@ class Runner(Generic[C]):
         nothing is stored then. (A submit that races ``close`` may return the
         id of a job the closing runner leaves in the store, live, for the
         next runner.)"""
+        return self._submit(caller, [self._targets(targets)])[0]
+
+    def submit_many(self, caller: C, jobs: Iterable[Iterable[str | Target]]) -> list[str]:
+        """Store a job for ``caller`` for each target list of ``jobs``, all in
+        one transaction, and put them last in the rotation in this order;
+        return their ids, in the same order. As :meth:`submit` for each, but
+        a bad list raises ``InvalidJob`` naming its index, and then nothing
+        is stored. No list: nothing is stored, and ``[]`` returned."""
+        if isinstance(jobs, str | bytes) or not isinstance(jobs, Iterable):
+            raise InvalidJob(f"jobs must be a list of target lists, not {type(jobs).__name__}")
+        checked: list[list[Target]] = []
+        for k, targets in enumerate(jobs):
+            try:
+                checked.append(self._targets(targets))
+            except InvalidJob as e:
+                raise InvalidJob(f"job {k}: {e}") from None
+        return self._submit(caller, checked)
+
+    def _submit(self, caller: C, jobs: list[list[Target]]) -> list[str]:
+        """Store these checked jobs and let them join (see :meth:`submit_many`)."""
         s = self._s
         owner = caller_id(caller)
-        job_targets = self._targets(targets)
-        job_id = uuid.uuid4().hex
+        ids = [uuid.uuid4().hex for _ in jobs]
         if s.closed:  # read without the lock: close() only ever sets it
             raise RunnerClosed("the runner is closed; submit to a new Runner")
-        lapse = s.config.takeover_after
+        if not jobs:
+            return ids
+        bounded = s.config.max_live is not None
         with s.lock:
-            # Room is decided under the lock and kept for this job until it
-            # joins (reserved); a job with none waits, its caller kept.
+            # Room is decided under the lock and kept for these jobs until
+            # they join (reserved); jobs with none wait, their caller kept.
             free = s.room()
-            room = free is None or free > 0
-            if room:
-                s.reserved += free is not None
-            else:
+            room = len(jobs) if free is None else min(free, len(jobs))
+            s.reserved += room if bounded else 0
+            if room < len(jobs):
                 held = s.waiting.get(owner)
-                s.waiting[owner] = (caller, 1 + (held[1] if held else 0))
-        # Stored without the lock (workers go on meanwhile): a new job is no
-        # other thread's business until it joins the rotation. If close
-        # comes between, the job joins a closed runner's rotation and stays
-        # live in the store for the next runner, like any unfinished job.
+                s.waiting[owner] = (caller, len(jobs) - room + (held[1] if held else 0))
+        # Stored without the lock (workers go on meanwhile): new jobs are no
+        # other thread's business until they join the rotation. If close
+        # comes between, they join a closed runner's rotation and stay live
+        # in the store for the next runner, like any unfinished job.
         try:
-            s.store.create_job(
-                job_id,
+            s.store.create_jobs(
                 owner,
-                [t.ref for t in job_targets],
+                [
+                    (job_id, [t.ref for t in targets])
+                    for job_id, targets in zip(ids, jobs, strict=True)
+                ],
                 s.id,
-                lease_for=lapse if room else None,
+                lease_for=s.config.takeover_after,
+                leased=room,
             )
         except BaseException:
             with s.lock:
-                if not room:
-                    s.unwait(owner)
-                elif s.config.max_live is not None:
-                    s.reserved -= 1
+                s.reserved -= room if bounded else 0
+                if room < len(jobs):
+                    s.unwait(owner, len(jobs) - room)
             raise
         if room:
+            started = s.clock.monotonic()
+            lease = store.Lease(s.id, 1)
             with s.lock:
-                if s.config.max_live is not None:
-                    s.reserved -= 1
+                s.reserved -= room if bounded else 0
                 s.add(
-                    LiveJob(
-                        job_id,
-                        owner,
-                        caller,
-                        job_targets,
-                        s.clock.monotonic(),
-                        store.Lease(s.id, 1),
-                    )
+                    [
+                        LiveJob(job_id, owner, caller, targets, started, lease)
+                        for job_id, targets in zip(ids[:room], jobs, strict=False)
+                    ]
                 )
-        return job_id
+        return ids
 
     def _targets(self, targets: Iterable[str | Target]) -> list[Target]:
         if isinstance(targets, str | bytes) or not isinstance(targets, Iterable):

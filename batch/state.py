@@ -134,9 +134,11 @@ class State(Generic[C]):
 
     # -- transitions of live jobs, all with the lock held ----------------------
 
-    def add(self, job: LiveJob[C]) -> None:
-        """Put a new job last in the rotation."""
-        self.rotation.add(job)
+    def add(self, jobs: list[LiveJob[C]]) -> None:
+        """Put new jobs last in the rotation, in this order (one change of
+        the live count)."""
+        for job in jobs:
+            self.rotation.add(job)
         call_hook(self.hooks.depth, len(self.rotation))
         self.wake_worker()
 
@@ -170,12 +172,12 @@ class State(Generic[C]):
         else:
             self.settle(job)
 
-    def unwait(self, owner: str) -> C:
-        """One job of ``owner``'s waiting for room has joined (or was never
-        stored): its caller, forgotten with the last such job."""
+    def unwait(self, owner: str, jobs: int = 1) -> C:
+        """``jobs`` of ``owner``'s waiting for room have joined (or were
+        never stored): its caller, forgotten with the last such job."""
         caller, count = self.waiting.pop(owner)
-        if count > 1:
-            self.waiting[owner] = (caller, count - 1)
+        if count > jobs:
+            self.waiting[owner] = (caller, count - jobs)
         return caller
 
     def room(self) -> int | None:

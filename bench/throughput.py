@@ -66,15 +66,18 @@ FULL = Sizes(jobs=10, per_job=2_000, huey_tasks=5_000)
 QUICK = Sizes(jobs=10, per_job=200, huey_tasks=500)
 
 
-def runner_rate(jobs: int, per_job: int, synchronous: Synchronous = "NORMAL") -> float:
+def runner_rate(
+    jobs: int, per_job: int, synchronous: Synchronous = "NORMAL", *, many: bool = False
+) -> float:
     """Targets per second of the runner: ``jobs`` jobs of ``per_job`` no-op
-    targets, submitted at once to an idle runner on a new store file."""
+    targets, submitted at once (each by ``submit``, or all by one
+    ``submit_many``) to an idle runner on a new store file."""
     work = [refs(j, per_job) for j in range(jobs)]
     with (
         scratch() as path,
         open_runner(path, echo, synchronous, max_targets=per_job) as (runner, tally),
     ):
-        return drain_rate(runner, tally, work)
+        return drain_rate(runner, tally, work, many=many)
 
 
 # -- raw SQLite and the naive baseline ---------------------------------------------

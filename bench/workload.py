@@ -152,14 +152,19 @@ def drain_rate(
     tally: Tally,
     jobs: Sequence[list[str]],
     budget: float = PATIENCE,
+    *,
+    many: bool = False,
 ) -> float:
     """Targets stored per second: from the first submit of ``jobs`` until the
     last of their targets is stored, or until ``budget`` seconds have passed
-    (then over the targets stored by then). Submitting is part of the work."""
+    (then over the targets stored by then). Submitting is part of the work:
+    one ``submit`` per job, or (``many``) one ``submit_many`` for all."""
     want = tally.stored + sum(len(job) for job in jobs)
     before = tally.stored
     start = time.perf_counter()
-    for job in jobs:
+    if many:
+        runner.submit_many(CALLER, jobs)
+    for job in () if many else jobs:
         runner.submit(CALLER, job)
     with contextlib.suppress(TimeoutError):  # too slow: measured over the budget
         tally.wait_stored(want, budget)

@@ -23,7 +23,7 @@ __all__ = [
     "TargetOutcome",
     "TargetRow",
     "cancel_job",
-    "create_job",
+    "create_jobs",
     "evict",
     "find_job",
     "get_job",
@@ -158,38 +158,36 @@ class JobSummary:
     pending: int
 
 
-def create_job(
+def create_jobs(
     conn: Tx,
-    job_id: str,
     owner: str,
-    refs: Sequence[str],
+    jobs: Sequence[tuple[str, Sequence[str]]],
     now: float,
     *,
     runner_id: str | None = None,
     lease_until: float | None = None,
+    leased: int | None = None,
 ) -> None:
-    """Store a new job ``queued`` with every target ``pending``, submitted
-    through the runner ``runner_id`` (if any) and, given ``lease_until``,
-    leased to it until then with token 1 (else it waits for a runner)."""
-    leased = runner_id is not None and lease_until is not None
-    conn.execute(
+    """Store new jobs of ``owner`` (each an id and its refs), in this order,
+    ``queued`` with every target ``pending``, submitted through the runner
+    ``runner_id`` (if any). Given ``lease_until``, the first ``leased`` of
+    them (None: all) are leased to that runner until then with token 1; the
+    others wait for a runner with room."""
+    held = (
+        0 if runner_id is None or lease_until is None else len(jobs) if leased is None else leased
+    )
+    conn.executemany(
         "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, runner_id,"
         " lease_owner, lease_token, lease_until) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
-        (
-            job_id,
-            owner,
-            now,
-            now,
-            now,
-            runner_id,
-            runner_id if leased else None,
-            1 if leased else 0,
-            lease_until if leased else None,
-        ),
+        [
+            (job_id, owner, now, now, now, runner_id, *lease)
+            for k, (job_id, _) in enumerate(jobs)
+            for lease in [(runner_id, 1, lease_until) if k < held else (None, 0, None)]
+        ],
     )
     conn.executemany(
         "INSERT INTO targets (job_id, pos, ref) VALUES (?, ?, ?)",
-        ((job_id, pos, ref) for pos, ref in enumerate(refs)),
+        [(job_id, pos, ref) for job_id, refs in jobs for pos, ref in enumerate(refs)],
     )
 
 

@@ -79,11 +79,28 @@ class Store:
         submitted through runner ``runner_id``; given ``lease_for``, leased
         to that runner for so many seconds (token 1), else waiting for any
         runner with room."""
+        self.create_jobs(owner, [(job_id, refs)], runner_id, lease_for=lease_for)
+
+    def create_jobs(
+        self,
+        owner: str,
+        new: Sequence[tuple[str, Sequence[str]]],
+        runner_id: str | None = None,
+        *,
+        lease_for: float | None = None,
+        leased: int | None = None,
+    ) -> None:
+        """Store the ``new`` jobs of ``owner`` (each its id and refs) in one
+        transaction, in this order, as :meth:`create_job` does; given
+        ``lease_for``, the first ``leased`` (None: all) are leased to the
+        runner, the others wait for any runner with room."""
 
         def create(tx: Tx) -> None:
             until = None if lease_for is None else tx.now + lease_for
-            jobs.create_job(tx, job_id, owner, refs, tx.now, runner_id=runner_id, lease_until=until)
-            if until is None:
+            jobs.create_jobs(
+                tx, owner, new, tx.now, runner_id=runner_id, lease_until=until, leased=leased
+            )
+            if until is None or (leased is not None and leased < len(new)):
                 self._db.notify(tx, WORK)
 
         self._db.write(create)
