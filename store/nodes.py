@@ -6,13 +6,17 @@ Functions take an open transaction's connection and run inside it.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from .db import Tx
 from .errors import NotFound
-from .match import labels
+from .match import labels, place
 from .shapes import Advert, NodeView
 
 __all__ = [
+    "Fleet",
+    "Fleets",
     "advertise",
     "adverts",
     "any_free",
@@ -23,15 +27,63 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """What the nodes advertised as of one ``generation`` of the store's
+    (bumped by every advertise): each node's advert and caps, by id, in id
+    order. ``known`` remembers, for sets of needs already asked about,
+    whether a placement exists with every node free."""
+
+    generation: int
+    adverts: Mapping[str, Advert]
+    caps: Mapping[str, frozenset[str]]
+    known: dict[tuple[frozenset[frozenset[str]], int], bool] = field(default_factory=dict)
+
+    def placeable(self, needs: Sequence[tuple[int, frozenset[str]]], max_nodes: int) -> bool:
+        """Whether steps of these needs could be placed with every node free."""
+        key = (frozenset(n for _, n in needs), max_nodes)
+        found = self.known.get(key)
+        if found is None:
+            found = self.known[key] = place(needs, self.caps, frozenset(), max_nodes) is not None
+        return found
+
+
+class Fleets:
+    """The last :class:`Fleet` a store read, kept while no node is advertised
+    again: a submit or a wake then reads one number, not every advert.
+
+    Safe between threads without a lock: a fleet is never changed but for
+    ``known`` (whose entries are facts of its generation), and is replaced
+    whole; two threads that both find it stale both read it again.
+    """
+
+    __slots__ = ("_fleet",)
+
+    def __init__(self) -> None:
+        self._fleet: Fleet | None = None
+
+    def get(self, conn: Tx) -> Fleet:
+        """The nodes as ``conn``'s transaction sees them."""
+        (generation,) = conn.execute("SELECT generation FROM node_generation").fetchone()
+        fleet = self._fleet
+        if fleet is None or fleet.generation != generation:
+            ads = adverts(conn)
+            fleet = Fleet(
+                generation, ads, {node_id: frozenset(a.caps) for node_id, a in ads.items()}
+            )
+            self._fleet = fleet
+        return fleet
+
+
 def advertise(conn: Tx, advert: Advert, now: float) -> None:
     """Add the node, or replace a known node's name and caps (its draining
     flag and lease stay as they are)."""
     if not isinstance(advert, Advert):
         raise TypeError(f"advertise takes a store.Advert, not {type(advert).__name__}")
-    for field in ("node_id", "name"):
-        value = getattr(advert, field)
-        if not isinstance(value, str) or (field == "node_id" and not value.strip()):
-            raise ValueError(f"Advert.{field} must be a non-empty str, not {value!r}")
+    for name in ("node_id", "name"):
+        value = getattr(advert, name)
+        if not isinstance(value, str) or (name == "node_id" and not value.strip()):
+            raise ValueError(f"Advert.{name} must be a non-empty str, not {value!r}")
     caps, _ = labels(advert.caps, "Advert.caps")
     conn.execute(
         "INSERT INTO nodes (id, name, caps, last_seen) VALUES (?, ?, ?, ?)"
@@ -39,6 +91,7 @@ def advertise(conn: Tx, advert: Advert, now: float) -> None:
         " last_seen = excluded.last_seen",
         (advert.node_id, advert.name, json.dumps(sorted(caps)), now),
     )
+    conn.execute("UPDATE node_generation SET generation = generation + 1")
 
 
 def require(conn: Tx, node_id: str, now: float | None = None) -> None:
@@ -66,10 +119,10 @@ def set_draining(conn: Tx, node_id: str, draining: bool) -> None:
 
 
 def adverts(conn: Tx) -> dict[str, Advert]:
-    """Every advertised node, by id, with its caps as a frozenset."""
+    """Every advertised node, by id (in id order), with its caps as a frozenset."""
     return {
         node_id: Advert(node_id, name, frozenset(json.loads(caps)))
-        for node_id, name, caps in conn.execute("SELECT id, name, caps FROM nodes")
+        for node_id, name, caps in conn.execute("SELECT id, name, caps FROM nodes ORDER BY id")
     }
 
 
@@ -86,14 +139,14 @@ def list_nodes(conn: Tx) -> list[NodeView]:
 
 def any_free(conn: Tx) -> bool:
     """Whether some node could take a run now (neither busy nor draining):
-    one query, without reading what the nodes advertise."""
-    return (
-        conn.execute(
-            "SELECT 1 FROM nodes WHERE draining = 0"
-            " AND NOT EXISTS (SELECT 1 FROM leases WHERE leases.node_id = nodes.id) LIMIT 1"
-        ).fetchone()
-        is not None
-    )
+    from three counts (draining nodes are indexed), without reading what
+    the nodes advertise or looking each node up."""
+    nodes, leased, idle_draining = conn.execute(
+        "SELECT (SELECT count(*) FROM nodes), (SELECT count(*) FROM leases),"
+        " (SELECT count(*) FROM nodes WHERE draining = 1"
+        "  AND NOT EXISTS (SELECT 1 FROM leases WHERE leases.node_id = nodes.id))"
+    ).fetchone()
+    return bool(nodes - leased - idle_draining > 0)
 
 
 def unavailable(conn: Tx) -> set[str]:

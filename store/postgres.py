@@ -253,7 +253,18 @@ SCHEMA: tuple[str, ...] = (
 #: Steps after ``SCHEMA``: ``UPGRADES[i]`` takes a database from version
 #: ``SCHEMA_VERSION + i`` to the next. Only ever appended.
 SCHEMA_VERSION = 4
-UPGRADES: tuple[tuple[str, ...], ...] = ()
+UPGRADES: tuple[tuple[str, ...], ...] = (
+    (
+        """
+        CREATE TABLE node_generation (
+            one        INTEGER PRIMARY KEY CHECK (one = 1),
+            generation BIGINT  NOT NULL
+        )
+        """,
+        "INSERT INTO node_generation (one, generation) VALUES (1, 0)",
+        "CREATE INDEX nodes_draining ON nodes (id) WHERE draining = 1",
+    ),
+)
 assert SCHEMA_VERSION + len(UPGRADES) == VERSION
 
 #: The table that says a schema is the store's, and at which version.

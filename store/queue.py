@@ -21,7 +21,9 @@ __all__ = ["promote", "wake"]
 PAGE = 64
 
 
-def wake(conn: Tx, now: float, lease_ttl: float, max_leases: int) -> list[str]:
+def wake(
+    conn: Tx, now: float, lease_ttl: float, max_leases: int, fleets: nodes.Fleets
+) -> list[str]:
     """Scan the QUEUED runs in FIFO order (``created_at``, then id) and promote
     every run that fits the available nodes now; return their ids, in order.
 
@@ -32,8 +34,8 @@ def wake(conn: Tx, now: float, lease_ttl: float, max_leases: int) -> list[str]:
     """
     if not lease_ttl or not nodes.any_free(conn):
         return []
-    ads = nodes.adverts(conn)
-    caps = {node_id: frozenset(a.caps) for node_id, a in ads.items()}
+    fleet = fleets.get(conn)
+    ads, caps = fleet.adverts, fleet.caps
     blocked = nodes.unavailable(conn)
     promoted: list[str] = []
     if blocked >= caps.keys():

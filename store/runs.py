@@ -85,6 +85,7 @@ def submit(
     now: float,
     lease_ttl: float,
     max_leases: int,
+    fleets: nodes.Fleets,
 ) -> RunView:
     """Store a new run: RUNNING with every step placed and leased if the
     available nodes allow it now, else QUEUED with no node and no lease.
@@ -97,12 +98,13 @@ def submit(
         raise InvalidRun(f"run_id must be a non-empty str or None, not {run_id!r}")
     if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
         raise Conflict(f"run {run_id!r} exists already")
-    ads = nodes.adverts(conn)
-    caps = {node_id: frozenset(a.caps) for node_id, a in ads.items()}
+    fleet = fleets.get(conn)
     needs = [(s.seq, s.needs) for s in checked]
-    placed = match.place(needs, caps, nodes.unavailable(conn), max_leases) if lease_ttl else None
-    if placed is None and match.place(needs, caps, frozenset(), max_leases) is None:
-        raise Unsatisfiable(_why_unsatisfiable(checked, caps, max_leases))
+    placed = None
+    if lease_ttl and nodes.any_free(conn):
+        placed = match.place(needs, fleet.caps, nodes.unavailable(conn), max_leases)
+    if placed is None and not fleet.placeable(needs, max_leases):
+        raise Unsatisfiable(_why_unsatisfiable(checked, fleet.caps, max_leases))
     (last,) = conn.execute("SELECT MAX(created_at) FROM runs").fetchone()
     # created_at is strictly increasing in submit order, so FIFO never falls
     # back on the run ids, even when the clock stalls or steps back.
@@ -118,7 +120,7 @@ def submit(
         ),
     )
     insert_steps(conn, run_id, checked, {a.seq: a.node_id for a in placed or ()})
-    assigned = record.label(placed, ads) if placed else []
+    assigned = record.label(placed, fleet.adverts) if placed else []
     if placed:
         issue_leases(conn, run_id, {a.node_id for a in placed}, now + lease_ttl)
     record.open_record(conn, run_id, [(s.seq, s.name) for s in checked], assigned, now)

@@ -220,5 +220,19 @@ _LEASES = (
     "INSERT INTO lease_clock (one, beat_at) VALUES (1, 0)",
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_JOBS, _RUNS, _RUNNERS, _LEASES)
+_NODE_CHANGES = (
+    # Bumped whenever a node is advertised: a store keeps what the nodes
+    # advertise in memory, and reads it again only once this moved.
+    """
+    CREATE TABLE node_generation (
+        one        INTEGER PRIMARY KEY CHECK (one = 1),
+        generation INTEGER NOT NULL
+    )
+    """,
+    "INSERT INTO node_generation (one, generation) VALUES (1, 0)",
+    # Draining nodes are few: counting those without a lease is then cheap.
+    "CREATE INDEX nodes_draining ON nodes (id) WHERE draining = 1",
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_JOBS, _RUNS, _RUNNERS, _LEASES, _NODE_CHANGES)
 VERSION = len(MIGRATIONS)

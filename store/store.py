@@ -38,6 +38,7 @@ class Store:
 
     def __init__(self, db: Database, *, lease_ttl: float, max_leases_per_run: int) -> None:
         self._db = db
+        self._fleets = nodes.Fleets()
         self.lease_ttl = lease_ttl
         self.max_leases_per_run = max_leases_per_run
 
@@ -294,6 +295,7 @@ class Store:
                 now=tx.now,
                 lease_ttl=self.lease_ttl,
                 max_leases=self.max_leases_per_run,
+                fleets=self._fleets,
             )
         )
 
@@ -312,7 +314,7 @@ class Store:
     def wake_queued(self, why: str = "") -> list[str]:
         """Promote, in FIFO order, every QUEUED run that fits now; return their ids."""
         promoted = self._db.write(
-            lambda tx: queue.wake(tx, tx.now, self.lease_ttl, self.max_leases_per_run)
+            lambda tx: queue.wake(tx, tx.now, self.lease_ttl, self.max_leases_per_run, self._fleets)
         )
         log.info("wake (%s): promoted %d run(s) %s", why or "asked", len(promoted), promoted)
         return promoted

@@ -1126,3 +1126,38 @@ def test_wake_with_no_free_node_reads_no_advert_or_queue(
     assert db.wake_queued("test") == []
     assert seen
     assert not any("caps" in sql or "steps" in sql for sql in seen), seen
+
+
+def test_submit_sees_what_another_store_advertised(location: str) -> None:
+    """A store keeps the nodes' adverts between calls, and reads them again
+    once any store on the same location advertises: placement never works
+    from stale caps."""
+    with store.open(location) as a, store.open(location) as b:
+        advertise(a, "n1", "linux")
+        assert a.submit_run([step("s", "linux")]).state == "RUNNING"
+        with pytest.raises(store.Unsatisfiable):
+            a.submit_run([step("s", "gpu")])
+        advertise(b, "n2", "gpu")
+        run = a.submit_run([step("s", "gpu")])
+        assert (run.state, step_nodes(a, run.run_id)) == ("RUNNING", ["n2"])
+        advertise(b, "n2", "arm", name="renamed")
+        with pytest.raises(store.Unsatisfiable):
+            a.submit_run([step("s", "gpu")])
+        assert a.submit_run([step("s", "arm")]).state == "QUEUED"  # n2 is busy
+
+
+def test_submit_with_every_node_busy_reads_no_advert(
+    db: store.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the adverts are known, a run submitted while no node is free is
+    queued without reading them again (what keeps submit cheap however many
+    nodes there are)."""
+    advertise(db, "n1", "linux")
+    advertise(db, "n2", "linux")
+    db.submit_run([step("a", "linux")])
+    db.drain("n2")
+    db.submit_run([step("b", "linux")])
+    seen = trace(db, monkeypatch)
+    assert db.submit_run([step("c", "linux")]).state == "QUEUED"
+    assert seen
+    assert not any("caps" in sql for sql in seen), seen

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import store
-from store.schema import VERSION
-from tests.helpers import Clock
+from store.schema import MIGRATIONS, VERSION
+from tests.helpers import Clock, raw
 
 JOIN_TIMEOUT = 30.0
 
@@ -101,6 +101,56 @@ def test_reopen_keeps_data(tmp_path: Path) -> None:
         db.store_target("j1", 1, "failed", error="boom")
         assert job_of(db, "j1").targets[1].status == "failed"
     assert sqlite_pragma(path, "user_version") == VERSION
+
+
+def _store_of_version(location: str, version: int) -> None:
+    """Write, at ``location``, an empty store of schema ``version``, as an
+    older library left it (through its steps, not this library's open)."""
+    if location.startswith("postgresql://"):
+        from store import postgres  # noqa: PLC0415 (the PostgreSQL half only)
+
+        assert version == postgres.SCHEMA_VERSION
+        statements = [
+            *postgres.SCHEMA,
+            "CREATE TABLE store_schema (version INTEGER NOT NULL)",
+            f"INSERT INTO store_schema (version) VALUES ({version:d})",
+        ]
+        for statement in ("DROP SCHEMA public CASCADE", "CREATE SCHEMA public", *statements):
+            raw(location, statement)
+        return
+    with contextlib.closing(sqlite3.connect(location)) as conn:
+        for step in MIGRATIONS[:version]:
+            for statement in step:
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {version:d}")
+        conn.commit()
+
+
+def test_an_older_store_is_brought_forward_keeping_its_data(location: str) -> None:
+    """A store an older library wrote (schema version 4) is migrated on open,
+    on either engine: its jobs and nodes are kept, and what the new steps
+    add works on them."""
+    _store_of_version(location, 4)
+    raw(
+        location,
+        "INSERT INTO nodes (id, name, caps, last_seen) VALUES ('n1', 'box', '[\"linux\"]', 1)",
+    )
+    raw(
+        location,
+        "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at)"
+        " VALUES ('j1', 'alice', 'done', 1, 1, 1)",
+    )
+    with store.open(location) as db:
+        assert [n.node_id for n in db.list_nodes()] == ["n1"]
+        assert job_of(db, "j1").status == "done"
+        run = db.submit_run([store.Step("s", "exec", {"linux"})])
+        assert run.state == "RUNNING"
+        db.advertise(store.Advert("n2", "gpu-box", {"gpu"}))
+        assert db.submit_run([store.Step("s", "exec", {"gpu"})]).state == "RUNNING"
+    if location.startswith("postgresql://"):
+        assert raw(location, "SELECT version FROM store_schema") == [(VERSION,)]
+    else:
+        assert sqlite_pragma(Path(location), "user_version") == VERSION
 
 
 def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
