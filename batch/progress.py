@@ -28,6 +28,9 @@ __all__ = ["SHORT_ID", "Board", "JobCaller", "LiveRun", "summary", "table"]
 
 #: Seconds between two looks at the jobs when nothing wakes the view sooner.
 TICK = 0.1
+#: The fewest seconds between two reads of the store, however fast targets
+#: are stored: the view costs the runner it shares the process with little.
+REFRESH = 0.05
 #: Seconds between two batches of progress lines when not on a terminal.
 PLAIN_EVERY = 1.0
 #: Characters in a progress bar.
@@ -256,15 +259,20 @@ class LiveRun:
 
     def follow(self, interrupted: Callable[[], bool]) -> bool:
         """Show the jobs until every one has ended (False), or until
-        ``interrupted()`` (True), looked at every :data:`TICK` seconds."""
+        ``interrupted()`` (True), looked at every :data:`TICK` seconds, and
+        the store read again once something was stored (at most every
+        :data:`REFRESH` seconds)."""
         self._refresh()
+        last = time.monotonic()
         while not self.ended():
             if interrupted():
                 return True
             self._board.show(self.rows)
             if self._changes.event.wait(TICK):
+                time.sleep(max(0.0, last + REFRESH - time.monotonic()))
                 self._changes.event.clear()
                 self._refresh()
+                last = time.monotonic()
         return False
 
     def ended(self) -> bool:
@@ -301,14 +309,9 @@ class LiveRun:
         return () if row is None else row.targets
 
     def _refresh(self) -> None:
-        """Read the jobs' summaries; hand the newly stored targets to ``on_target``."""
-        ids = {job.job for job in self.jobs}
-        self.rows = {
-            s.id: s
-            for owner in dict.fromkeys(job.id for job in self.jobs)
-            for s in self._db.list_jobs(owner=owner)
-            if s.id in ids
-        }
+        """Read the jobs' summaries (one row each, whatever else the store
+        holds); hand the targets stored since the last look to ``on_target``."""
+        self.rows = {s.id: s for s in self._db.list_jobs(ids=[job.job for job in self.jobs])}
         if self._on_target is None:
             return
         for job in self.jobs:
@@ -318,7 +321,7 @@ class LiveRun:
                 continue
             # A job's targets are stored in order, one at a time: those stored
             # since the last look follow the ones already handed on.
-            fresh = [t for t in self._targets(job)[seen:] if t.status != "pending"]
+            fresh = self._db.find_targets(job.job, start=seen, limit=row.done + row.failed - seen)
             self._reported[job.job] = seen + len(fresh)
             for target in fresh:
                 self._on_target(job, target)

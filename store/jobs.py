@@ -26,6 +26,7 @@ __all__ = [
     "create_jobs",
     "evict",
     "find_job",
+    "find_targets",
     "get_job",
     "interrupt",
     "job_status",
@@ -85,6 +86,9 @@ def _fenced(j: int, o: int, t: int) -> str:
         f" AND lease_owner = ?{o} AND lease_token = ?{t}))"
     )
 
+
+#: A LIMIT that takes every row (both dialects accept it; PostgreSQL refuses -1).
+NO_LIMIT = 2**62
 
 # The statements that move one job, made once.
 _END_JOB = (
@@ -178,10 +182,11 @@ def create_jobs(
     )
     conn.executemany(
         "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, runner_id,"
-        " lease_owner, lease_token, lease_until) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
+        " lease_owner, lease_token, lease_until, ntargets)"
+        " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)",
         [
-            (job_id, owner, now, now, now, runner_id, *lease)
-            for k, (job_id, _) in enumerate(jobs)
+            (job_id, owner, now, now, now, runner_id, *lease, len(refs))
+            for k, (job_id, refs) in enumerate(jobs)
             for lease in [(runner_id, 1, lease_until) if k < held else (None, 0, None)]
         ],
     )
@@ -281,16 +286,20 @@ def record(
             " WHERE job_id = ? AND pos = ?",
             [(o.status, o.result, o.error, o.hint, o.job_id, o.pos) for o in stored],
         )
-    by_job: dict[str, int] = {}
+    by_job: dict[str, list[int]] = {}  # bytes, done, failed
     for o in stored:
-        by_job[o.job_id] = by_job.get(o.job_id, 0) + o.nbytes
+        added = by_job.setdefault(o.job_id, [0, 0, 0])
+        added[0] += o.nbytes
+        added[1 if o.status == "done" else 2] += 1
     if by_job:
         conn.executemany(
-            "UPDATE jobs SET nbytes = nbytes + ?, updated_at = ? WHERE id = ?",
-            [(n, now, job_id) for job_id, n in by_job.items()],
+            "UPDATE jobs SET nbytes = nbytes + ?, ndone = ndone + ?, nfailed = nfailed + ?,"
+            " updated_at = ? WHERE id = ?",
+            [(*added, now, job_id) for job_id, added in by_job.items()],
         )
     (total,) = conn.execute(
-        "UPDATE job_bytes SET total = total + ? RETURNING total", (sum(by_job.values()),)
+        "UPDATE job_bytes SET total = total + ? RETURNING total",
+        (sum(added[0] for added in by_job.values()),),
     ).fetchone()
     ending: dict[str, int] = {}
     for i in kept.values():
@@ -393,19 +402,31 @@ def find_job(conn: Tx, job_id: str) -> JobRow | None:
     return None if row is None else _with_targets(conn, row)
 
 
-def list_jobs(conn: Tx, *, owner: str | None = None, status: str | None = None) -> list[JobSummary]:
-    """Every job (of ``owner``, in ``status``, when given) in creation order."""
-    rows = conn.execute(
-        "SELECT id, owner, jobs.status, created_at, updated_at, nbytes,"
-        " count(*) FILTER (WHERE targets.status = 'done'),"
-        " count(*) FILTER (WHERE targets.status = 'failed'),"
-        " count(*) FILTER (WHERE targets.status = 'pending')"
-        " FROM jobs JOIN targets ON targets.job_id = jobs.id"
-        " WHERE (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR jobs.status = ?2)"
-        " GROUP BY jobs.seq ORDER BY jobs.seq",
-        (owner, status),
+def list_jobs(
+    conn: Tx,
+    *,
+    owner: str | None = None,
+    status: str | None = None,
+    ids: Sequence[str] | None = None,
+) -> list[JobSummary]:
+    """Every job (of ``owner``, in ``status``, among ``ids``, when given) in
+    creation order, with its counts: one row read per job."""
+    sql = (
+        "SELECT id, owner, status, created_at, updated_at, nbytes, ndone, nfailed,"
+        " ntargets - ndone - nfailed FROM jobs"
+        " WHERE (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR status = ?2)"
     )
-    return [JobSummary(*row) for row in rows]
+    if ids is None:
+        return [JobSummary(*row) for row in conn.execute(sql + " ORDER BY seq", (owner, status))]
+    rows: list[Any] = []
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        marks = ", ".join(f"?{k}" for k in range(3, 3 + len(chunk)))
+        rows += conn.execute(
+            sql.replace("SELECT id,", "SELECT seq, id,") + f" AND id IN ({marks})",
+            (owner, status, *chunk),
+        ).fetchall()
+    return [JobSummary(*row[1:]) for row in sorted(rows)]
 
 
 def load_jobs(conn: Tx, job_ids: Sequence[str]) -> list[JobRow]:
@@ -439,32 +460,46 @@ def interrupt(
         (error, hint, job_id),
     )
     nbytes = cur.rowcount * len((error + hint).encode())
-    conn.execute("UPDATE jobs SET nbytes = nbytes + ? WHERE id = ?", (nbytes, job_id))
-    conn.execute("UPDATE job_bytes SET total = total + ?", (nbytes,))
     done, failed = conn.execute(
-        "SELECT count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status = 'failed')"
-        " FROM targets WHERE job_id = ?",
-        (job_id,),
+        "UPDATE jobs SET nbytes = nbytes + ?1, nfailed = nfailed + ?2 WHERE id = ?3"
+        " RETURNING ndone, nfailed",
+        (nbytes, cur.rowcount, job_id),
     ).fetchone()
+    conn.execute("UPDATE job_bytes SET total = total + ?", (nbytes,))
     status = ended_status(done, failed)
     set_job_status(conn, job_id, status, now)
     return status, cur.rowcount
 
 
-def _with_targets(conn: Tx, row: Any) -> JobRow:
-    job_id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id = row
-    targets = tuple(
+def find_targets(
+    conn: Tx, job_id: str, start: int = 0, limit: int | None = None
+) -> tuple[TargetRow, ...]:
+    """The targets of a job, whoever owns it, from position ``start`` on, at
+    most ``limit`` of them (None: all); none if there is no such job."""
+    return tuple(
         map(
             TargetRow._make,
             conn.execute(
                 "SELECT pos, ref, status, result, error, hint FROM targets"
-                " WHERE job_id = ? ORDER BY pos",
-                (job_id,),
+                " WHERE job_id = ? AND pos >= ? ORDER BY pos LIMIT ?",
+                (job_id, start, NO_LIMIT if limit is None else limit),
             ),
         )
     )
+
+
+def _with_targets(conn: Tx, row: Any) -> JobRow:
+    job_id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id = row
     return JobRow(
-        job_id, owner, status, created_at, updated_at, touched_at, nbytes, targets, runner_id
+        job_id,
+        owner,
+        status,
+        created_at,
+        updated_at,
+        touched_at,
+        nbytes,
+        find_targets(conn, job_id),
+        runner_id,
     )
 
 

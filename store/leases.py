@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from . import jobs
 from .db import Tx, in_list
-from .jobs import JobRow
+from .jobs import NO_LIMIT, JobRow
 from .schema import LIVE_JOB
 
 __all__ = ["HOST", "Beat", "beat", "halted", "pid_alive", "register", "retire"]
@@ -41,8 +41,6 @@ HOST = socket.gethostname()
 
 #: The most jobs of gone runners one beat ends or takes without room.
 ORPHANS_PER_BEAT = 1000
-#: A LIMIT that takes every row (both dialects accept it; PostgreSQL refuses -1).
-NO_LIMIT = 2**62
 
 
 @dataclass(frozen=True, slots=True)

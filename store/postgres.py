@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 from .db import RESYNC, Cursor, Database, Tx, check_not_newer, check_readable
 from .errors import Conflict, StoreError
-from .schema import VERSION
+from .schema import MIGRATIONS, VERSION
 
 try:
     import psycopg
@@ -264,6 +264,7 @@ UPGRADES: tuple[tuple[str, ...], ...] = (
         "INSERT INTO node_generation (one, generation) VALUES (1, 0)",
         "CREATE INDEX nodes_draining ON nodes (id) WHERE draining = 1",
     ),
+    MIGRATIONS[5],  # the job counts: the same statements on both engines
 )
 assert SCHEMA_VERSION + len(UPGRADES) == VERSION
 

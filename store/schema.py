@@ -234,5 +234,27 @@ _NODE_CHANGES = (
     "CREATE INDEX nodes_draining ON nodes (id) WHERE draining = 1",
 )
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_JOBS, _RUNS, _RUNNERS, _LEASES, _NODE_CHANGES)
+_JOB_COUNTS = (
+    # A job's target counts, kept as its targets are stored (like nbytes),
+    # so that listing jobs, or following a run's progress, reads one row per
+    # job instead of counting every target.
+    "ALTER TABLE jobs ADD COLUMN ntargets INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN ndone INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN nfailed INTEGER NOT NULL DEFAULT 0",
+    """
+    UPDATE jobs SET
+        ntargets = (SELECT count(*) FROM targets t WHERE t.job_id = jobs.id),
+        ndone = (SELECT count(*) FROM targets t WHERE t.job_id = jobs.id AND t.status = 'done'),
+        nfailed = (SELECT count(*) FROM targets t WHERE t.job_id = jobs.id AND t.status = 'failed')
+    """,
+)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    _JOBS,
+    _RUNS,
+    _RUNNERS,
+    _LEASES,
+    _NODE_CHANGES,
+    _JOB_COUNTS,
+)
 VERSION = len(MIGRATIONS)

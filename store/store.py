@@ -13,7 +13,7 @@ from typing import Any
 from . import jobs, leases, nodes, queue, record, runs
 from .db import CANCELLED, WORK, Database, Synchronous, Tx
 from .errors import StoreError
-from .jobs import JobRow, JobSummary, Lease, Stored, TargetOutcome
+from .jobs import JobRow, JobSummary, Lease, Stored, TargetOutcome, TargetRow
 from .leases import Beat
 from .schema import JobStatus
 from .shapes import RUN_STATES, Advert, Claim, NodeView, RunView, Step
@@ -182,10 +182,25 @@ class Store:
         tools. A service answering its callers uses :meth:`get_job`."""
         return self._db.read(lambda tx: jobs.find_job(tx, job_id))
 
-    def list_jobs(self, *, owner: str | None = None, status: str | None = None) -> list[JobSummary]:
+    def find_targets(
+        self, job_id: str, *, start: int = 0, limit: int | None = None
+    ) -> tuple[TargetRow, ...]:
+        """The targets of a job, whoever owns it, from position ``start`` on,
+        at most ``limit`` (None: all): what a view following a long job reads
+        to see what was stored since its last look; none for no such job."""
+        return self._db.read(lambda tx: jobs.find_targets(tx, job_id, start, limit))
+
+    def list_jobs(
+        self,
+        *,
+        owner: str | None = None,
+        status: str | None = None,
+        ids: Sequence[str] | None = None,
+    ) -> list[JobSummary]:
         """Every stored job, in creation order, with its target counts; only
-        ``owner``'s, or only those in ``status``, when given."""
-        return self._db.read(lambda tx: jobs.list_jobs(tx, owner=owner, status=status))
+        ``owner``'s, those in ``status``, or those of ``ids``, when given.
+        Reads one row per job listed, however many targets they hold."""
+        return self._db.read(lambda tx: jobs.list_jobs(tx, owner=owner, status=status, ids=ids))
 
     def touch_job(self, job_id: str, owner: str) -> bool:
         """Mark the job used now, so eviction takes it last; False if unknown."""

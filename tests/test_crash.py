@@ -225,6 +225,7 @@ class StoredJob:
     owner: str
     status: str
     nbytes: int
+    counts: tuple[int, int, int]  # targets, done, failed, as the job's row keeps them
     targets: tuple[StoredTarget, ...]
 
     @property
@@ -237,7 +238,8 @@ class StoredJob:
 
 def read_jobs(path: Path) -> dict[str, StoredJob]:
     """Every job in the file with its targets, read with plain ``sqlite3``;
-    checks that the byte counts (each job's and the total) match them."""
+    checks that the counts kept with each job (bytes, targets, done,
+    failed) and the byte total match them."""
     with contextlib.closing(sqlite3.connect(path)) as raw:
         if raw.execute("SELECT 1 FROM sqlite_master WHERE name = 'targets'").fetchone() is None:
             return {}  # killed before the schema was committed
@@ -247,14 +249,16 @@ def read_jobs(path: Path) -> dict[str, StoredJob]:
         ):
             targets.setdefault(job_id, []).append(StoredTarget(*row))
         jobs = {
-            job_id: StoredJob(owner, status, nbytes, tuple(targets.get(job_id, ())))
-            for job_id, owner, status, nbytes in raw.execute(
-                "SELECT id, owner, status, nbytes FROM jobs"
+            job_id: StoredJob(owner, status, nbytes, tuple(counts), tuple(targets.get(job_id, ())))
+            for job_id, owner, status, nbytes, *counts in raw.execute(
+                "SELECT id, owner, status, nbytes, ntargets, ndone, nfailed FROM jobs"
             )
         }
         (total,) = raw.execute("SELECT total FROM job_bytes").fetchone()
     for job_id, job in jobs.items():
         assert job.nbytes == sum(t.nbytes for t in job.targets), f"job {job_id}: {job}"
+        statuses = Counter(t.status for t in job.targets)
+        assert job.counts == (len(job.targets), statuses["done"], statuses["failed"]), job
     assert total == sum(job.nbytes for job in jobs.values()), "job_bytes.total is off"
     return jobs
 

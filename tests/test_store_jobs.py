@@ -138,11 +138,18 @@ def test_an_older_store_is_brought_forward_keeping_its_data(location: str) -> No
     raw(
         location,
         "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at)"
-        " VALUES ('j1', 'alice', 'done', 1, 1, 1)",
+        " VALUES ('j1', 'alice', 'running', 1, 1, 1)",
+    )
+    raw(
+        location,
+        "INSERT INTO targets (job_id, pos, ref, status) VALUES"
+        " ('j1', 0, 'a', 'done'), ('j1', 1, 'b', 'failed'), ('j1', 2, 'c', 'pending')",
     )
     with store.open(location) as db:
         assert [n.node_id for n in db.list_nodes()] == ["n1"]
-        assert job_of(db, "j1").status == "done"
+        assert job_of(db, "j1").status == "running"
+        (summary,) = db.list_jobs()
+        assert (summary.done, summary.failed, summary.pending) == (1, 1, 1)
         run = db.submit_run([store.Step("s", "exec", {"linux"})])
         assert run.state == "RUNNING"
         db.advertise(store.Advert("n2", "gpu-box", {"gpu"}))
@@ -698,6 +705,16 @@ class Harness:
             assert (row.status in ("queued", "running")) is job.live
             assert {t.pos for t in row.targets if t.status != "pending"} == job.stored
         assert self.db.total_bytes() == sum(row.nbytes for row in present.values())
+        # The counts kept with each job agree with its targets.
+        for summary in self.db.list_jobs(ids=list(present)):
+            row = present[summary.id]
+            statuses = [t.status for t in row.targets]
+            assert (summary.done, summary.failed, summary.pending, summary.nbytes) == (
+                statuses.count("done"),
+                statuses.count("failed"),
+                statuses.count("pending"),
+                row.nbytes,
+            )
 
 
 texts = st.none() | st.text(st.characters(codec="utf-8"), max_size=12)
@@ -883,6 +900,22 @@ def test_list_jobs_counts_targets_and_filters(db: store.Store) -> None:
     assert [s.id for s in db.list_jobs(owner="bob")] == ["j2"]
     assert [s.id for s in db.list_jobs(status="queued")] == ["j1"]
     assert db.list_jobs(owner="carol") == []
+    assert [s.id for s in db.list_jobs(ids=["j2", "nope", "j1"])] == ["j1", "j2"]
+    assert [s.id for s in db.list_jobs(ids=["j1", "j2"], owner="bob")] == ["j2"]
+    assert db.list_jobs(ids=[]) == []
+
+
+def test_list_jobs_counts_a_job_interrupted_and_one_without_targets(db: store.Store) -> None:
+    """Counts stay right through every way a target ends, and a job of no
+    target is listed too."""
+    db.create_job("j1", "alice", ["a", "b", "c"])
+    db.create_job("empty", "alice", [])
+    db.store_target("j1", 0, "done", result="1")
+    assert db.interrupt_job("j1", "gone") == ("partial", 2)
+    assert [(s.id, s.status, s.done, s.failed, s.pending) for s in db.list_jobs()] == [
+        ("j1", "partial", 1, 2, 0),
+        ("empty", "queued", 0, 0, 0),
+    ]
 
 
 def test_find_job_reads_any_owner(db: store.Store) -> None:
