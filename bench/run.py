@@ -7,7 +7,7 @@ and a JSON record.
     python -m bench.latency ...        (one scenario alone, same options)
 
 Scenarios: 1 throughput, 2 many live jobs, 3 latency, 4 the store at size,
-5 the run queue, 6 memory. The machine is noisy and shared: compare ratios
+5 the run queue, 6 memory, 7 many I/O-bound workers. The machine is noisy and shared: compare ratios
 measured in the same run, never absolute figures across runs.
 
 The JSON record goes to ``bench/results/<commit>.json`` (git ignores that
@@ -30,7 +30,7 @@ from typing import Any
 if __package__ in (None, ""):  # python bench/run.py: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import engine, latency, live, memory, runs, size, throughput
+from bench import engine, iobound, latency, live, memory, runs, size, throughput
 from bench.measure import REPO, Options, Row, Scenario, git_state, print_table, record
 
 __all__ = ["SUITE", "main"]
@@ -45,6 +45,7 @@ SUITE: tuple[Scenario, ...] = (
     size.SCENARIO,
     runs.SCENARIO,
     memory.SCENARIO,
+    iobound.SCENARIO,
 )
 
 

@@ -84,14 +84,10 @@ def runner_rate(
 
 
 @contextlib.contextmanager
-def targets_table(sizes: Sizes) -> Iterator[tuple[sqlite3.Connection, list[TargetRow]]]:
+def targets_table(jobs: int, per_job: int) -> Iterator[tuple[sqlite3.Connection, list[TargetRow]]]:
     """A new file with a table shaped like the store's ``targets`` (job ids of
     the runner's length, the same refs, every row pending), and its rows."""
-    rows = [
-        (f"{j:032x}", i, ref)
-        for j in range(sizes.jobs)
-        for i, ref in enumerate(refs(j, sizes.per_job))
-    ]
+    rows = [(f"{j:032x}", i, ref) for j in range(jobs) for i, ref in enumerate(refs(j, per_job))]
     with scratch() as path:
         conn = raw_sqlite(path)
         try:
@@ -132,7 +128,7 @@ def commit_result(
 def raw_sqlite_rate(sizes: Sizes) -> float:
     """Rows per second: :data:`WORKERS` threads each committing its share of
     the rows, results computed beforehand."""
-    with targets_table(sizes) as (conn, rows):
+    with targets_table(sizes.jobs, sizes.per_job) as (conn, rows):
         lock = threading.Lock()
         work = [(row, result_json(row[2])) for row in rows]
 
@@ -154,7 +150,7 @@ def raw_sqlite_rate(sizes: Sizes) -> float:
 def executor_rate(sizes: Sizes) -> float:
     """Targets per second of the naive baseline: one task per target, each
     encoding the no-op fetch's small dict and committing it."""
-    with targets_table(sizes) as (conn, rows):
+    with targets_table(sizes.jobs, sizes.per_job) as (conn, rows):
         lock = threading.Lock()
 
         def task(row: TargetRow) -> None:

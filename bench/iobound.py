@@ -1,0 +1,139 @@
+"""Scenario 7, many I/O-bound workers: what users run. Each fetch waits on
+the network (here: sleeps a fixed latency, releasing the interpreter as a
+socket read does), with dozens to hundreds of worker threads, on jobs of 20
+targets each.
+
+Shapes:
+
+- 256 workers, each fetch 50 ms, 1,000 jobs of 20;
+- 64 workers, each fetch 10 ms, 500 jobs of 20.
+
+Against two references measured or computed in the same rounds:
+
+- the thread pool: ``ThreadPoolExecutor(workers)``, one task per target,
+  each waiting the same latency, then committing its JSON result to SQLite
+  as scenario 1's naive baseline does (no fairness, no serial rule);
+- the ideal: ``workers / latency`` targets per second, every worker busy
+  all the time.
+
+    python -m bench.iobound [--rounds N] [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import batch
+from bench.measure import Figure, Goal, Options, Row, Scenario, Series, alternate
+from bench.throughput import TargetRow, check_done, commit_result, targets_table
+from bench.workload import drain_rate, open_runner, refs, result_json, scratch
+
+__all__ = ["SCENARIO", "Shape"]
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """Workers, each fetch's latency in seconds, and the work."""
+
+    workers: int
+    latency: float
+    jobs: int
+    per_job: int
+
+    @property
+    def ideal(self) -> float:
+        """Targets per second with every worker busy all the time."""
+        return self.workers / self.latency
+
+    @property
+    def name(self) -> str:
+        return f"{self.workers} workers x {self.latency * 1000:g} ms"
+
+
+FULL = (Shape(256, 0.05, 1_000, 20), Shape(64, 0.01, 500, 20))
+QUICK = (Shape(256, 0.05, 200, 10), Shape(64, 0.01, 100, 10))
+
+
+def waiting(latency: float) -> batch.Fetch[batch.Caller]:
+    """A fetch that waits ``latency`` seconds, as on the network, and returns
+    what scenario 1's no-op fetch returns."""
+
+    def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
+        time.sleep(latency)  # allow-sleep: the upstream's latency is the workload
+        return {"ref": target.ref}
+
+    return fetch
+
+
+def runner_rate(shape: Shape) -> float:
+    """Targets per second of a runner of ``shape.workers`` workers."""
+    work = [refs(j, shape.per_job) for j in range(shape.jobs)]
+    with (
+        scratch() as path,
+        open_runner(path, waiting(shape.latency), workers=shape.workers) as (runner, tally),
+    ):
+        return drain_rate(runner, tally, work, many=True)
+
+
+def pool_rate(shape: Shape) -> float:
+    """Targets per second of ``ThreadPoolExecutor(shape.workers)``: each task
+    waits the latency, then commits its result."""
+    with targets_table(shape.jobs, shape.per_job) as (conn, rows):
+        lock = threading.Lock()
+
+        def task(row: TargetRow) -> None:
+            time.sleep(shape.latency)  # allow-sleep: the same latency as the runner's fetch
+            commit_result(conn, lock, row, result_json(row[2]))
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(shape.workers) as pool:
+            for row in rows:
+                pool.submit(task, row)
+        rate = len(rows) / (time.perf_counter() - start)
+        check_done(conn, rows)
+        return rate
+
+
+def run(opts: Options) -> list[Row]:
+    """Each shape's runner against the pool and against the ideal."""
+    rows: list[Row] = []
+    for shape in QUICK if opts.quick else FULL:
+        rates = alternate(
+            opts.rounds,
+            {
+                "runner": functools.partial(runner_rate, shape),
+                "pool": functools.partial(pool_rate, shape),
+            },
+        )
+        ours = Series(f"batch.Runner, {shape.jobs:,} jobs of {shape.per_job}", rates["runner"])
+        rows += [
+            Figure(
+                "7",
+                f"{shape.name} vs thread pool",
+                "/s",
+                ours,
+                Series(f"ThreadPoolExecutor({shape.workers}), a commit per task", rates["pool"]),
+                Goal("ratio", ">=", 0.95),
+            ),
+            Figure(
+                "7",
+                f"  {shape.name} vs ideal",
+                "/s",
+                ours,
+                Series("workers / latency", [shape.ideal] * len(rates["runner"])),
+                Goal("ratio", ">=", 0.85),
+            ),
+        ]
+    return rows
+
+
+SCENARIO = Scenario("7", "many I/O-bound workers", run)
+
+if __name__ == "__main__":
+    from bench.run import main
+
+    raise SystemExit(main(suite=[SCENARIO]))
