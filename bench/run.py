@@ -7,8 +7,9 @@ and a JSON record.
     python -m bench.latency ...        (one scenario alone, same options)
 
 Scenarios: 1 throughput, 2 many live jobs, 3 latency, 4 the store at size,
-5 the run queue, 6 memory, 7 many I/O-bound workers. The machine is noisy and shared: compare ratios
-measured in the same run, never absolute figures across runs.
+5 the run queue, 6 memory, 7 many I/O-bound workers, 8 the command line.
+The machine is noisy and shared: compare ratios measured in the same run,
+never absolute figures across runs.
 
 The JSON record goes to ``bench/results/<commit>.json`` (git ignores that
 directory), with ``-dirty`` when the library's code differs from the commit,
@@ -30,7 +31,7 @@ from typing import Any
 if __package__ in (None, ""):  # python bench/run.py: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import engine, iobound, latency, live, memory, runs, size, throughput
+from bench import command, engine, iobound, latency, live, memory, runs, size, throughput
 from bench.measure import REPO, Options, Row, Scenario, git_state, print_table, record
 
 __all__ = ["SUITE", "main"]
@@ -46,6 +47,7 @@ SUITE: tuple[Scenario, ...] = (
     runs.SCENARIO,
     memory.SCENARIO,
     iobound.SCENARIO,
+    command.SCENARIO,
 )
 
 
