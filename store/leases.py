@@ -125,19 +125,23 @@ def beat(
     ids: list[str] = []
     if room is None or room > 0:
         home = "" if foreign else " AND runner_id = ?"
-        ids += _ids(
+        taken = _ids(
             conn,
             f"{free}{home}",
             (now, *dead_args, *(() if foreign else (runner_id,))),
             NO_LIMIT if room is None else room,
         )
+        ids += [job_id for _, job_id in taken]
     if not foreign:
-        ids += _ids(
-            conn,
-            f"{free} AND (runner_id IS NULL OR {gone})",
-            (now, *dead_args, *gone_args),
-            ORPHANS_PER_BEAT,
-        )
+        # Two looks, each down the index of its runner ids: one "IS NULL OR
+        # IN (...)" would walk every waiting job, however many (a million
+        # waiting behind max_live took 0.1 s a beat).
+        orphans = _ids(conn, f"{free} AND runner_id IS NULL", (now, *dead_args), ORPHANS_PER_BEAT)
+        if gone_args:
+            orphans += _ids(
+                conn, f"{free} AND {gone}", (now, *dead_args, *gone_args), ORPHANS_PER_BEAT
+            )
+        ids += [job_id for _, job_id in sorted(orphans)[:ORPHANS_PER_BEAT]]
     return Beat(held, frozenset(ended), _lease(conn, runner_id, ids, now + lapse))
 
 
@@ -183,12 +187,13 @@ def _gone(conn: Tx, runner_id: str, now: float) -> tuple[list[str], list[str]]:
     return ended, silent
 
 
-def _ids(conn: Tx, where: str, args: tuple[object, ...], limit: int) -> list[str]:
-    """Ids of live jobs matching ``where``, in submit order, at most ``limit``."""
+def _ids(conn: Tx, where: str, args: tuple[object, ...], limit: int) -> list[tuple[int, str]]:
+    """The place in submit order and id of live jobs matching ``where``, in
+    that order, at most ``limit``."""
     return [
-        job_id
-        for (job_id,) in conn.execute(
-            f"SELECT id FROM jobs WHERE status IN ('queued', 'running') AND {where}"
+        (seq, job_id)
+        for seq, job_id in conn.execute(
+            f"SELECT seq, id FROM jobs WHERE status IN ('queued', 'running') AND {where}"
             " ORDER BY seq LIMIT ?",
             (*args, limit),
         )
