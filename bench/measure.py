@@ -228,9 +228,12 @@ def percentile(samples: Sequence[float], pct: int) -> float:
 
 def fmt(value: float, unit: Unit, *, bare: bool = False) -> str:
     """``value`` in ``unit``, short enough for a table cell; ``bare`` leaves the
-    unit off (the low end of a range). Bytes from 10 KiB on are in KiB."""
+    unit off (the low end of a range). Bytes from 10 KiB on are in KiB,
+    from 10 MiB on in MiB."""
     suffix = unit if unit == "/s" else "" if unit == "n" else f" {unit}"
-    if unit == "B" and abs(value) >= 10 * 1024:
+    if unit == "B" and abs(value) >= 10 * 1024 * 1024:
+        value, suffix = value / (1024 * 1024), " MiB"
+    elif unit == "B" and abs(value) >= 10 * 1024:
         value, suffix = value / 1024, " KiB"
     text = f"{value:,.0f}" if unit in ("/s", "B", "n") or abs(value) >= 100 else f"{value:.3g}"
     return text if bare else text + suffix

@@ -15,6 +15,12 @@ Retained: what is still allocated once the jobs ended, against the start;
 one job has run to its end before the start, so that what the first use of
 each path caches once (compiled statements) is not counted as retained.
 
+A runner under ``Config(max_live=1000)`` while 1,000,000 jobs wait in its
+store (any runner with room may take them, in submit order): the growth
+of its process's resident memory (a process of its own), and its rate
+against the same with 30,000 waiting: what it holds, and the cost of a
+pick, depend on the jobs it holds, not on those waiting.
+
 Baseline: a ``ThreadPoolExecutor(4)``, its threads started beforehand as the
 runner's are, given one task per target, each blocking the same way: what a
 plain pool holds per queued task (a future and a work item), and keeps
@@ -29,16 +35,31 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import subprocess
 import sys
+import tempfile
 import threading
 import tracemalloc
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 
 import batch
-from bench.measure import Figure, Goal, Options, Row, Scenario, Series, alternate
-from bench.workload import CALLER, PATIENCE, WORKERS, echo, open_runner, refs, result_json, scratch
+import store
+from bench.measure import REPO, Figure, Goal, Options, Row, Scenario, Series, alternate
+from bench.workload import (
+    CALLER,
+    PATIENCE,
+    WORKERS,
+    copy_of,
+    echo,
+    open_runner,
+    raw_sqlite,
+    refs,
+    result_json,
+    scratch,
+)
 
 __all__ = ["SCENARIO"]
 
@@ -64,15 +85,36 @@ class Shape:
 
 
 @dataclass(frozen=True, slots=True)
+class Bound:
+    """A runner under ``max_live`` with ``waiting`` jobs of one target
+    waiting in its store (against ``few``), measured over ``stored``."""
+
+    max_live: int
+    waiting: int
+    few: int
+    stored: int
+
+
+@dataclass(frozen=True, slots=True)
 class Sizes:
-    """The shape measured per live target, and the one per live job."""
+    """The shape measured per live target, the one per live job, and the
+    runner under max_live."""
 
     many_targets: Shape
     many_jobs: Shape
+    bound: Bound
 
 
-FULL = Sizes(many_targets=Shape(100, 100), many_jobs=Shape(2_000, 1))
-QUICK = Sizes(many_targets=Shape(20, 50), many_jobs=Shape(200, 1))
+FULL = Sizes(
+    many_targets=Shape(100, 100),
+    many_jobs=Shape(2_000, 1),
+    bound=Bound(max_live=1_000, waiting=1_000_000, few=30_000, stored=20_000),
+)
+QUICK = Sizes(
+    many_targets=Shape(20, 50),
+    many_jobs=Shape(200, 1),
+    bound=Bound(max_live=100, waiting=20_000, few=3_000, stored=2_000),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,19 +199,88 @@ def pool_held(tasks: int) -> Held:
         return Held(live / tasks, traced() - start)
 
 
+#: A runner holding ``max_live`` jobs while ``waiting`` more wait in its
+#: store (a copy of the file given): the growth of the process's resident
+#: memory from before the runner opened to once it stored ``stored``
+#: targets, and its rate over them. Printed: bytes, then targets/s.
+BOUNDED = """
+import shutil, sys, time
+import batch, store
+from bench.workload import Tally, echo
+path, max_live, stored = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+def resident():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+tally = Tally()
+with store.open(path) as db:
+    before = resident()
+    config = batch.Config(max_live=max_live, resume=batch.Caller)
+    with batch.Runner(db, echo, config, hooks=tally):
+        start = time.perf_counter()
+        tally.wait_stored(stored)
+        rate = stored / (time.perf_counter() - start)
+        print(resident() - before, rate)
+"""
+
+
+def waiting_store(path: Path, jobs: int) -> None:
+    """A store file where ``jobs`` jobs of one target wait for any runner
+    with room (submitted through no runner), written with raw SQL."""
+    store.open(path).close()
+    conn = raw_sqlite(path)
+    try:
+        conn.execute("BEGIN")
+        conn.executemany(
+            "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, ntargets)"
+            " VALUES (?, ?, 'queued', 1, 1, 1, 1)",
+            ((f"{i:032x}", CALLER.id) for i in range(jobs)),
+        )
+        conn.executemany(
+            "INSERT INTO targets (job_id, pos, ref) VALUES (?, 0, ?)",
+            ((f"{i:032x}", f"job{i}-0") for i in range(jobs)),
+        )
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def bounded(base: Path, bound: Bound) -> tuple[float, float]:
+    """Resident bytes and rate of a runner under ``max_live`` on a copy of
+    ``base``, in a process of its own (what it holds is all the runner's)."""
+    with copy_of(str(base)) as path:
+        out = subprocess.run(
+            [sys.executable, "-c", BOUNDED, path, str(bound.max_live), str(bound.stored)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=PATIENCE,
+        ).stdout.split()
+    return float(out[0]), float(out[1])
+
+
 def run(opts: Options) -> list[Row]:
-    """Bytes per live target and per live job, and retained, against the pool's."""
+    """Bytes per live target and per live job, and retained, against the
+    pool's; a runner under max_live with many jobs waiting."""
     sizes = QUICK if opts.quick else FULL
-    targets, jobs = sizes.many_targets, sizes.many_jobs
-    held = alternate(
-        opts.rounds,
-        {
-            "targets": lambda: runner_held(targets, cancel=True),
-            "targets pool": lambda: pool_held(targets.targets),
-            "jobs": lambda: runner_held(jobs, cancel=False),
-            "jobs pool": lambda: pool_held(jobs.targets),
-        },
-    )
+    targets, jobs, bound = sizes.many_targets, sizes.many_jobs, sizes.bound
+    with tempfile.TemporaryDirectory(prefix="bench-") as d:
+        many, few = Path(d, "many.sqlite3"), Path(d, "few.sqlite3")
+        waiting_store(many, bound.waiting)
+        waiting_store(few, bound.few)
+        held = alternate(
+            opts.rounds,
+            {
+                "targets": lambda: runner_held(targets, cancel=True),
+                "targets pool": lambda: pool_held(targets.targets),
+                "jobs": lambda: runner_held(jobs, cancel=False),
+                "jobs pool": lambda: pool_held(jobs.targets),
+                "many": lambda: bounded(many, bound),
+                "few": lambda: bounded(few, bound),
+            },
+        )
 
     def figure(what: str, key: str, goal: Goal | None, *, retained: bool) -> Figure:
         def bytes_of(k: str) -> list[float]:
@@ -186,7 +297,26 @@ def run(opts: Options) -> list[Row]:
             goal,
         )
 
+    waiting = f"{bound.waiting:,} waiting"
     return [
+        Figure(
+            "6",
+            f"{waiting}, max_live={bound.max_live:,}",
+            "B",
+            Series(
+                f"resident memory grown, runner under max_live={bound.max_live:,}",
+                [rss for rss, _ in held["many"]],
+            ),
+            goal=Goal("median", "<", 100 * 1024 * 1024),
+        ),
+        Figure(
+            "6",
+            f"  rate, {waiting} vs {bound.few:,}",
+            "/s",
+            Series(f"{waiting}", [rate for _, rate in held["many"]]),
+            Series(f"{bound.few:,} waiting", [rate for _, rate in held["few"]]),
+            Goal("ratio", ">=", 0.8),
+        ),
         figure(
             f"per live target, {targets.jobs} x {targets.per_job}",
             "targets",
