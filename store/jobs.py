@@ -239,7 +239,6 @@ def record(
     conn: Tx,
     outcomes: Sequence[TargetOutcome],
     starting: Sequence[tuple[str, Lease | None]],
-    now: float,
     max_bytes: int | None,
 ) -> Stored:
     """Record a batch: the ``starting`` jobs still ``queued`` become
@@ -255,7 +254,10 @@ def record(
     on PostgreSQL), so a batch costs a fixed number of calls however many
     outcomes it holds.
     """
-    seen = _look(conn, [(o.job_id, o.pos) for o in outcomes] + [(j, -1) for j, _ in starting])
+    seen, total = _look(
+        conn, [(o.job_id, o.pos) for o in outcomes] + [(j, -1) for j, _ in starting]
+    )
+    now = conn.now  # read after the first statement: on PostgreSQL, in its round trip
     start = [
         (now, job_id)
         for job_id, lease in starting
@@ -266,19 +268,7 @@ def record(
             "UPDATE jobs SET status = 'running', updated_at = ? WHERE id = ? AND status = 'queued'",
             start,
         )
-    refused: dict[int, NotFound | Conflict] = {}
-    kept: dict[tuple[str, int], int] = {}
-    for i, o in enumerate(outcomes):
-        h = seen[o.job_id, o.pos]
-        if h[0] is None:
-            refused[i] = NotFound(f"no job {o.job_id!r}")
-        elif not _holds(h, o.lease):
-            owner = None if o.lease is None else o.lease.owner
-            refused[i] = Conflict(f"job {o.job_id!r} is no longer leased to runner {owner}")
-        elif h[3] != "pending" or (o.job_id, o.pos) in kept:
-            refused[i] = Conflict(f"target {o.pos} of job {o.job_id!r} is not pending")
-        else:
-            kept[o.job_id, o.pos] = i
+    refused, kept = _decide(outcomes, seen)
     stored = [outcomes[i] for i in kept.values()]
     if stored:
         conn.executemany(
@@ -297,10 +287,9 @@ def record(
             " updated_at = ? WHERE id = ?",
             [(*added, now, job_id) for job_id, added in by_job.items()],
         )
-    (total,) = conn.execute(
-        "UPDATE job_bytes SET total = total + ? RETURNING total",
-        (sum(added[0] for added in by_job.values()),),
-    ).fetchone()
+    added_bytes = sum(added[0] for added in by_job.values())
+    if added_bytes:
+        conn.executemany("UPDATE job_bytes SET total = total + ?", [(added_bytes,)])
     ending: dict[str, int] = {}
     for i in kept.values():
         o = outcomes[i]
@@ -315,9 +304,30 @@ def record(
     return Stored(
         refused,
         frozenset(ending.values()),
-        [] if max_bytes is None else evict(conn, max_bytes, int(total)),
+        [] if max_bytes is None else evict(conn, max_bytes, total + added_bytes),
         frozenset(i for key, i in kept.items() if seen[key][0] not in LIVE_JOB),
     )
+
+
+def _decide(
+    outcomes: Sequence[TargetOutcome], seen: dict[tuple[str, int], _Seen]
+) -> tuple[dict[int, NotFound | Conflict], dict[tuple[str, int], int]]:
+    """Which outcomes are refused, and why; and, by target, the index of
+    each one to store."""
+    refused: dict[int, NotFound | Conflict] = {}
+    kept: dict[tuple[str, int], int] = {}
+    for i, o in enumerate(outcomes):
+        h = seen[o.job_id, o.pos]
+        if h[0] is None:
+            refused[i] = NotFound(f"no job {o.job_id!r}")
+        elif not _holds(h, o.lease):
+            owner = None if o.lease is None else o.lease.owner
+            refused[i] = Conflict(f"job {o.job_id!r} is no longer leased to runner {owner}")
+        elif h[3] != "pending" or (o.job_id, o.pos) in kept:
+            refused[i] = Conflict(f"target {o.pos} of job {o.job_id!r} is not pending")
+        else:
+            kept[o.job_id, o.pos] = i
+    return refused, kept
 
 
 #: What :func:`record` reads of one target: its job's status, lease owner
@@ -326,20 +336,27 @@ def record(
 _Seen = tuple[str | None, str | None, int | None, str | None]
 
 
-def _look(conn: Tx, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], _Seen]:
-    """For each (job id, position): what :func:`record` needs to know of it.
-    Position -1 asks about the job alone."""
-    seen: dict[tuple[str, int], _Seen] = {}
-    for table, args in values(keys):
-        for job_id, pos, status, owner, token, target in conn.execute(
+def _look(conn: Tx, keys: Sequence[tuple[str, int]]) -> tuple[dict[tuple[str, int], _Seen], int]:
+    """For each (job id, position): what :func:`record` needs to know of it
+    (position -1 asks about the job alone); and the bytes stored in all."""
+    if not keys:
+        return {}, total_bytes(conn)
+    rows = [
+        row
+        for table, args in values(keys)
+        for row in conn.execute(
             "SELECT v.column1, v.column2, jobs.status, jobs.lease_owner, jobs.lease_token,"
-            f" targets.status FROM {table}"
+            f" targets.status, (SELECT total FROM job_bytes) FROM {table}"
             " LEFT JOIN jobs ON jobs.id = v.column1"
             " LEFT JOIN targets ON targets.job_id = v.column1 AND targets.pos = v.column2",
             args,
-        ):
-            seen[job_id, pos] = (status, owner, token, target)
-    return seen
+        )
+    ]
+    seen = {
+        (job_id, pos): (status, owner, token, target)
+        for job_id, pos, status, owner, token, target, _ in rows
+    }
+    return seen, int(rows[-1][6])
 
 
 def _holds(seen: _Seen, lease: Lease | None) -> bool:

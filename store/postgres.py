@@ -282,6 +282,16 @@ def _translate(sql: str) -> tuple[str, bool]:
     return sql.replace("?", "%s"), False
 
 
+@functools.lru_cache(maxsize=16)
+def _named(head: str, count: int) -> tuple[str, tuple[str, ...]]:
+    """``head`` with its ``count`` plain placeholders named (``%(_h0)s``,
+    ...), to go before a statement whose placeholders are numbered; and
+    the names, in order."""
+    names = tuple(f"_h{k}" for k in range(count))
+    taken = iter(names)
+    return re.sub("%s", lambda _: f"%({next(taken)})s", head), names
+
+
 def _arg(value: object) -> object:
     # The schema keeps flags as integers 0 and 1, as SQLite does.
     return int(value) if isinstance(value, bool) else value
@@ -307,41 +317,102 @@ class _Tx:
     A read transaction begins with its first statement, sent with it in one
     round trip (``begun`` is False until then); a write transaction has
     begun, and read the clock, as it took the lock.
+
+    ``executemany`` returns nothing, so its statements need not be waited
+    for: they go out in pipeline mode, and are answered together with the
+    next statement that returns rows, or with the COMMIT. A batch of writes
+    and its commit cost one round trip.
     """
 
-    __slots__ = ("_conn", "_db", "_now", "begun")
+    __slots__ = ("_begin", "_conn", "_db", "_now", "_pipeline", "begun")
 
     def __init__(
-        self, db: PostgresDatabase, conn: psycopg.Connection[Any], now: float | None
+        self,
+        db: PostgresDatabase,
+        conn: psycopg.Connection[Any],
+        begin: tuple[str, tuple[object, ...]] | None,
     ) -> None:
         self._db = db
         self._conn = conn
-        self._now = now
-        self.begun = now is not None
+        # What begins it, sent with its first statement: a write's lock,
+        # clock and mark (``_begin_write``), or a read's snapshot.
+        self._begin = begin
+        self._now: float | None = None
+        self._pipeline: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None
+        self.begun = False
 
     @property
     def now(self) -> float:
         if self._now is None:
-            (server,) = self.execute(_CLOCK).fetchone()
-            self._now = self._db.clock(server)
+            if self._begin is not None and not self.begun:
+                self._start("")
+            else:
+                (server,) = self.execute(_CLOCK).fetchone()
+                self._now = self._db.clock(server)
+        assert self._now is not None
         return self._now
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Cursor:
+        self._sync()
         query, numbered = _translate(sql)
         if self.begun:
             return self._conn.execute(query, _args(args, numbered))
-        cur = self._conn.execute(f"{_BEGIN_READ}; {query}", _args(args, numbered))
+        return self._start(query, args, numbered)
+
+    def _start(self, query: str, args: Sequence[Any] = (), numbered: bool = False) -> Cursor:
+        """Begin, and run ``query`` (if any) in the same round trip; the
+        cursor is left at the query's rows."""
+        head, head_args = self._begin or (_BEGIN_READ, ())
+        if numbered:
+            head, named = _named(head, len(head_args))
+            params: Sequence[Any] | dict[str, Any] = {
+                **dict(zip(named, head_args, strict=True)),
+                **_args(args, numbered),  # type: ignore[dict-item]
+            }
+        else:
+            params = [*head_args, *_args(args, numbered)]
+        cur = self._conn.execute(f"{head}; {query}" if query else head, params)
         self.begun = True
-        cur.nextset()
+        ahead = head.count(";") + 1  # the head's results, each its own set
+        if self._begin is not None:
+            cur.nextset()  # past BEGIN, to the clock, read once the lock was taken
+            (server,) = cur.fetchone() or (0.0,)
+            self._now = self._db.clock(server)
+            ahead -= 1
+        for _ in range(ahead if query else 0):
+            cur.nextset()
         return cur
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         if not self.begun:
-            self._conn.execute(_BEGIN_READ)
-            self.begun = True
+            self._start("")
+        if self._pipeline is None:
+            pipeline = self._conn.pipeline()
+            pipeline.__enter__()
+            self._pipeline = pipeline
         query, numbered = _translate(sql)
-        with self._conn.cursor() as cur:
-            cur.executemany(query, [_args(r, numbered) for r in rows])
+        self._conn.cursor().executemany(query, [_args(r, numbered) for r in rows])
+
+    def commit(self) -> None:
+        """Commit, with whatever writes still wait for their answer."""
+        if self.begun:
+            self._conn.execute("COMMIT")
+        self._sync()
+
+    def abandon(self) -> None:
+        """Leave pipeline mode, dropping what is unanswered (the transaction
+        is rolled back next)."""
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            with contextlib.suppress(psycopg.Error):
+                pipeline.__exit__(None, None, None)
+
+    def _sync(self) -> None:
+        """Wait for the answers of the statements sent in pipeline mode (an
+        error among them is raised here), and leave it."""
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline.__exit__(None, None, None)
 
 
 class _Pool:
@@ -621,22 +692,20 @@ class PostgresDatabase(Database):
         it did."""
         committing = False
         key, token = self._pool.key(conn), secrets.randbits(62)
+        tx: _Tx | None = None
         try:
-            now = None
+            begin: tuple[str, tuple[object, ...]] | None = None
             if write:
-                if mark:
-                    cur = conn.execute(_BEGIN_WRITE, (LOCK_KEY, key, token))
-                else:
-                    cur = conn.execute(_BEGIN_LOCKED, (LOCK_KEY,))
-                cur.nextset()
-                (server,) = cur.fetchone() or (0.0,)
-                now = self.clock(server)
-            tx = _Tx(self, conn, now)
+                begin = (
+                    (_BEGIN_WRITE, (LOCK_KEY, key, token)) if mark else (_BEGIN_LOCKED, (LOCK_KEY,))
+                )
+            tx = _Tx(self, conn, begin)
             result = fn(tx)
             committing = True
-            if tx.begun:
-                conn.execute("COMMIT")
+            tx.commit()
         except psycopg.Error as e:
+            if tx is not None:
+                tx.abandon()
             _rollback(conn)
             lost = isinstance(e, psycopg.OperationalError) and conn.closed
             if lost:
@@ -651,6 +720,8 @@ class PostgresDatabase(Database):
                 raise _TryAgain(e) from e
             raise self._error(e, committing=committing and lost) from e
         except BaseException:
+            if tx is not None:
+                tx.abandon()
             _rollback(conn)
             raise
         return result

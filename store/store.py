@@ -149,7 +149,7 @@ class Store:
         outcome = TargetOutcome(job_id, pos, status, result, error, hint, job_status)
 
         def store_one(tx: Tx) -> list[str]:
-            stored = jobs.record(tx, [outcome], (), tx.now, max_bytes)
+            stored = jobs.record(tx, [outcome], (), max_bytes)
             if stored.refused:
                 raise stored.refused[0]  # rolls the transaction back
             return stored.evicted
@@ -171,7 +171,7 @@ class Store:
         First, the ``starting`` jobs (id and lease) still ``queued`` become
         ``running``."""
 
-        return self._db.write(lambda tx: jobs.record(tx, outcomes, starting, tx.now, max_bytes))
+        return self._db.write(lambda tx: jobs.record(tx, outcomes, starting, max_bytes))
 
     def get_job(self, job_id: str, owner: str) -> JobRow | None:
         """The job and its targets, or None if ``owner`` has no such job."""
