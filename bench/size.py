@@ -179,6 +179,7 @@ def run(opts: Options) -> list[Row]:
             "ms",
             Series("Runner.status", [ours for ours, _ in costs["status"]]),
             Series("raw SELECT + json.loads", [raw for _, raw in costs["status"]]),
+            Goal("ratio", "<=", 1.3),
         ),
     ]
 
