@@ -124,18 +124,24 @@ def in_list(column: str, values: Sequence[object]) -> tuple[str, tuple[object, .
     return f"{column} IN ({', '.join('?' * len(values))})", tuple(values)
 
 
-#: Rows of one ``VALUES`` list at most: a statement binds well under the
-#: parameters either engine allows, however many rows a caller has.
-VALUES_ROWS = 200
+#: Rows of one ``VALUES`` list at most (a power of two): a statement binds
+#: well under the parameters either engine allows, however many rows a
+#: caller has.
+VALUES_ROWS = 256
 
 
 def values(rows: Sequence[Sequence[object]]) -> Iterator[tuple[str, tuple[object, ...]]]:
     """``(VALUES (?, ?), (?, ?)) AS v`` for these rows, and its arguments, a
-    chunk of at most ``VALUES_ROWS`` rows at a time: a statement that
-    updates a set of rows in one go joins it. Both dialects name its
-    columns ``v.column1``, ``v.column2``, ..."""
+    chunk of at most ``VALUES_ROWS`` rows at a time, for a lookup that joins
+    it (both dialects name its columns ``v.column1``, ``v.column2``, ...).
+
+    Each chunk is padded to a power of two rows by repeating its last row,
+    which a lookup answers twice alike: the statement's text then takes one
+    of nine shapes, which each engine prepares once and keeps, instead of
+    one per number of rows."""
     for start in range(0, len(rows), VALUES_ROWS):
-        chunk = rows[start : start + VALUES_ROWS]
+        chunk = list(rows[start : start + VALUES_ROWS])
+        chunk += [chunk[-1]] * ((1 << (len(chunk) - 1).bit_length()) - len(chunk))
         row = f"({', '.join('?' * len(chunk[0]))})"
         yield (
             f"(VALUES {', '.join([row] * len(chunk))}) AS v",
