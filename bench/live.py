@@ -5,7 +5,8 @@ Each shape stores 20,000 no-op targets on 4 workers, and is set against
 scenario 1's shape (10 jobs of 2,000) measured again in the same rounds:
 
 - 10,000 jobs of 2 targets (their submits are part of the work), submitted
-  one by one, and all at once by ``submit_many``;
+  one by one (a transaction each: shown without a goal), and all at once by
+  ``submit_many`` (held to 0.8x);
 - the 10 jobs of 2,000 alongside 5,000 live jobs waiting on a busy retry
   (``retry_wait`` 60 s: none comes back while the clock runs): what holding
   them costs, which is what the 0.8x goal is about;
@@ -126,7 +127,6 @@ def run(opts: Options) -> list[Row]:
             "/s",
             Series(f"{sizes.small_jobs:,} jobs of 2", results["small"]),
             reference,
-            Goal("ratio", ">=", 0.8),
         ),
         Figure(
             "2",
