@@ -12,7 +12,7 @@ from typing import TypeVar
 import store
 
 from .attempt import Outcome
-from .hooks import call_hook
+from .errors import RetryLater
 from .rotation import LiveJob
 from .state import State
 
@@ -75,7 +75,9 @@ def _ended(s: State[C], job: LiveJob[C], outcome: Outcome, now: float) -> Outcom
         return outcome.busy_too_long(retry_for)
     if now + outcome.after - job.busy_since > retry_for:
         return outcome.busy_too_long(retry_for, asked=True)
-    job.retry_at = now + max(s.config.retry_wait, outcome.after)
+    wait = max(s.config.retry_wait, outcome.after)
+    job.retry_at = now + wait
+    s.retrying(outcome.err or RetryLater(), wait)
     s.settle(job)
     return None
 
@@ -135,6 +137,7 @@ def _save(s: State[C], ended: list[tuple[LiveJob[C], Outcome]]) -> None:
             end = outcomes[i].job_status if i in stored.ended else None
             if i in stored.cancelled:
                 job.cancelled = True
+                job.ctx.cancel("cancelled")
             _advance(s, job, outcome, end)
         return
 
@@ -184,8 +187,7 @@ def _advance(s: State[C], job: LiveJob[C], outcome: Outcome, end: str | None) ->
     job.failed += outcome.status != "done"
     job.busy_since = None
     job.retry_at = 0.0
-    call_hook(s.hooks.target, outcome.err, outcome.seconds, outcome.nbytes)
+    s.stored(outcome.err, outcome.seconds, outcome.nbytes)
     if end is not None:
-        call_hook(s.hooks.job, end)
-        call_hook(s.hooks.job_seconds, s.clock.monotonic() - job.created)
+        s.ended(job.id, job.owner, end, s.clock.monotonic() - job.created)
     s.settle(job)

@@ -40,6 +40,16 @@ class Hooks:
         """A job ended ``done``, ``failed`` or ``partial``, ``seconds`` after it
         was submitted. Once per such job; a cancelled job gets none."""
 
+    def retry(self, err: BaseException, wait: float) -> None:
+        """A fetch answered busy (``err``, what it raised) and its target
+        will be tried again in ``wait`` seconds. Once per such answer; a
+        busy answer past ``retry_for`` is a stored failure instead
+        (:meth:`target`)."""
+
+    def ended(self, job_id: str, owner: str, status: str) -> None:
+        """Job ``job_id`` of caller ``owner`` became terminal with ``status``:
+        once per job, beside :meth:`job`, for hooks that want to know which."""
+
 
 def call_hook(hook: Callable[[*Ts], object], *args: *Ts) -> None:
     """Call ``hook(*args)``; log and swallow anything it raises,

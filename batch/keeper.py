@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 import store
 
 from .commit import give_back_starting, take_starting, unlocked
+from .context import Context
 from .errors import TargetError
-from .hooks import call_hook
 from .model import Target
 from .rotation import LiveJob
 from .state import State
@@ -188,9 +188,8 @@ def _adopt(s: State[C], row: store.JobRow, lease: store.Lease, resume: Resume) -
         if ended is not None:
             status, count = ended
             for _ in range(count):
-                call_hook(s.hooks.target, TargetError("interrupted", INTERRUPTED_HINT), 0.0, 0)
-            call_hook(s.hooks.job, status)
-            call_hook(s.hooks.job_seconds, age)
+                s.stored(TargetError("interrupted", INTERRUPTED_HINT), 0.0, 0)
+            s.ended(row.id, row.owner, status, age)
         return None
     job = LiveJob(
         row.id,
@@ -199,6 +198,7 @@ def _adopt(s: State[C], row: store.JobRow, lease: store.Lease, resume: Resume) -
         [Target(t.ref) for t in row.targets],
         s.clock.monotonic() - age,
         lease,
+        Context(s.ctx),
     )
     job.next = pending[0]
     job.started = row.status == "running"

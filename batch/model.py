@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from json.scanner import make_scanner
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from store.schema import LIVE_JOB
@@ -238,6 +239,11 @@ class Statistics:
     ``workers``: worker threads running (0 once closed); ``live``: jobs in
     the rotation; ``inflight``: targets being fetched;
     ``waiting_retry``: live jobs whose next target waits out ``retry_wait``.
+
+    Since the runner opened: ``stored``, the targets it stored (``done`` or
+    ``failed``); ``retries``, the busy answers it will try again; ``ended``,
+    by status, the jobs that became terminal through it (those it ran to
+    their end, those cancelled through it, those it ended as interrupted).
     """
 
     workers: int
@@ -245,3 +251,6 @@ class Statistics:
     inflight: int
     waiting_retry: int
     closed: bool
+    stored: int = 0
+    retries: int = 0
+    ended: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))

@@ -9,6 +9,7 @@ from typing import Generic, TypeVar
 
 import store
 
+from .context import Context
 from .model import Target
 
 __all__ = ["LiveJob", "Rotation"]
@@ -25,7 +26,8 @@ class LiveJob(Generic[C]):
     did (None when the current target has not been busy). ``lease`` is the
     runner's hold on it in the store; ``cancelled`` (through any runner) and
     ``lost`` (its lease is another runner's now) both mean: start nothing
-    more of it.
+    more of it. ``ctx`` is what its fetches see: cancelled with the job, or
+    with the runner.
     """
 
     __slots__ = (
@@ -33,6 +35,7 @@ class LiveJob(Generic[C]):
         "caller",
         "cancelled",
         "created",
+        "ctx",
         "done",
         "failed",
         "id",
@@ -48,7 +51,7 @@ class LiveJob(Generic[C]):
         "targets",
     )
 
-    def __init__(  # noqa: PLR0917 - one job's six facts, always given together
+    def __init__(  # noqa: PLR0917 - one job's seven facts, always given together
         self,
         job_id: str,
         owner: str,
@@ -56,6 +59,7 @@ class LiveJob(Generic[C]):
         targets: list[Target],
         created: float,
         lease: store.Lease,
+        ctx: Context,
     ) -> None:
         self.id = job_id
         self.owner = owner
@@ -63,6 +67,7 @@ class LiveJob(Generic[C]):
         self.targets = targets
         self.created = created
         self.lease = lease
+        self.ctx = ctx
         self.next = 0
         self.running = False
         self.started = False

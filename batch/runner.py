@@ -12,7 +12,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterable
 from itertools import islice
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Generic, TypeVar
 
 import store
@@ -23,7 +23,7 @@ from .clock import SYSTEM, Clock
 from .commit import unlocked
 from .context import Context
 from .errors import InvalidJob, JobNotFound, RunnerClosed
-from .hooks import Hooks, call_hook
+from .hooks import Hooks
 from .model import (
     CallerLike,
     Config,
@@ -196,7 +196,7 @@ class Runner(Generic[C]):
                 s.reserved -= room if bounded else 0
                 s.add(
                     [
-                        LiveJob(job_id, owner, caller, targets, started, lease)
+                        LiveJob(job_id, owner, caller, targets, started, lease, Context(s.ctx))
                         for job_id, targets in zip(ids[:room], jobs, strict=False)
                     ]
                 )
@@ -266,7 +266,7 @@ class Runner(Generic[C]):
         with s.lock:
             if not s.store.cancel_job(job_id, owner):
                 return False  # unknown, another caller's, or ended already
-            call_hook(s.hooks.job, "cancelled")
+            s.ended(job_id, owner, "cancelled", None)
             job = s.rotation.get(job_id)
             if job is not None:
                 s.halt(job)
@@ -332,6 +332,9 @@ class Runner(Generic[C]):
                 inflight=s.inflight,
                 waiting_retry=s.rotation.waiting_retry(s.clock.monotonic()),
                 closed=s.closed,
+                stored=s.counts.stored,
+                retries=s.counts.retries,
+                ended=MappingProxyType(dict(s.counts.ended)),
             )
 
     def close(self, timeout: float | None = None) -> None:
@@ -351,6 +354,8 @@ class Runner(Generic[C]):
             raise TimeoutError(f"a hook held the runner for longer than {timeout}s")
         try:
             s.closed = True
+            for job in s.rotation:
+                job.ctx.cancel("closed")
             s.wake_all()
             s.done.notify_all()
         finally:

@@ -20,7 +20,7 @@ from .hooks import Hooks, call_hook
 from .model import Config
 from .rotation import LiveJob, Rotation
 
-__all__ = ["Sleeper", "State"]
+__all__ = ["Counts", "Sleeper", "State"]
 
 log = logging.getLogger("batch")
 
@@ -37,6 +37,17 @@ class Sleeper:
     def __init__(self, lock: threading.Lock) -> None:
         self.cond = threading.Condition(lock)
         self.woken = False
+
+
+class Counts:
+    """What this runner did since it opened, for ``statistics()``."""
+
+    __slots__ = ("ended", "retries", "stored")
+
+    def __init__(self) -> None:
+        self.stored = 0
+        self.retries = 0
+        self.ended: dict[str, int] = {}
 
 
 class State(Generic[C]):
@@ -101,6 +112,7 @@ class State(Generic[C]):
         self.chores = threading.Condition(self.lock)
 
         self.rotation: Rotation[C] = Rotation()
+        self.counts = Counts()
         self.inflight = 0
         # Idle workers, the last to go idle last (woken first: the most
         # recently run thread); those woken and not yet back; the sleeper
@@ -139,8 +151,31 @@ class State(Generic[C]):
         the live count)."""
         for job in jobs:
             self.rotation.add(job)
+            if self.closed:
+                job.ctx.cancel("closed")
         call_hook(self.hooks.depth, len(self.rotation))
         self.wake_worker()
+
+    # -- what the hooks and statistics() are told, all with the lock held ----------
+
+    def stored(self, err: BaseException | None, seconds: float, nbytes: int) -> None:
+        """A target was stored."""
+        self.counts.stored += 1
+        call_hook(self.hooks.target, err, seconds, nbytes)
+
+    def retrying(self, err: BaseException, wait: float) -> None:
+        """A busy target will be tried again in ``wait`` seconds."""
+        self.counts.retries += 1
+        call_hook(self.hooks.retry, err, wait)
+
+    def ended(self, job_id: str, owner: str, status: str, seconds: float | None) -> None:
+        """A job became terminal (``seconds`` after it was submitted; None
+        for a cancelled one, which gets no ``job_seconds``)."""
+        self.counts.ended[status] = self.counts.ended.get(status, 0) + 1
+        call_hook(self.hooks.job, status)
+        call_hook(self.hooks.ended, job_id, owner, status)
+        if seconds is not None:
+            call_hook(self.hooks.job_seconds, seconds)
 
     def settle(self, job: LiveJob[C]) -> None:
         """``job`` has no target in flight any more: it leaves the rotation
@@ -166,6 +201,7 @@ class State(Generic[C]):
             job.lost = True
         else:
             job.cancelled = True
+            job.ctx.cancel("cancelled")
         if job.running:
             if job.id in self.waited:
                 self.done.notify_all()

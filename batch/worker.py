@@ -37,7 +37,7 @@ def work(s: State[C], fetch: Callable[[Context, C, Target], object]) -> None:
         with s.lock:
             job = pick(s, sleeper)
         while job is not None:
-            outcome = attempt(fetch, s.ctx, job.caller, job.targets[job.next])
+            outcome = attempt(fetch, job.ctx, job.caller, job.targets[job.next])
             with s.lock:
                 s.inflight -= 1
                 call_hook(s.hooks.inflight, s.inflight)

@@ -439,5 +439,13 @@ def test_statistics_is_a_snapshot(db: store.Store, script: Script, hooks: Record
         with pytest.raises(AttributeError):
             stats.live = 0  # type: ignore[misc]
         script.release("a1")
-    assert stats == batch.Statistics(workers=2, live=2, inflight=1, waiting_retry=1, closed=False)
-    assert r.statistics().closed is True
+    assert stats == batch.Statistics(
+        workers=2, live=2, inflight=1, waiting_retry=1, closed=False, stored=0, retries=1, ended={}
+    )
+    after = r.statistics()
+    assert (after.closed, after.stored, after.retries, dict(after.ended)) == (
+        True,
+        1,
+        1,
+        {"done": 1},
+    )

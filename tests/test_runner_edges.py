@@ -56,7 +56,7 @@ def test_close_cancels_a_fetch_waiting_on_its_context(db: store.Store) -> None:
     with pytest.raises(batch.RunnerClosed):
         r.wait(ALICE, job_id, TIMEOUT)
     assert r.statistics() == batch.Statistics(
-        workers=0, live=1, inflight=0, waiting_retry=0, closed=True
+        workers=0, live=1, inflight=0, waiting_retry=0, closed=True, stored=1
     )
 
 

@@ -1,17 +1,22 @@
 """What services and scripts use beside submit and wait (SPEC §2b): many jobs
-submitted at once."""
+submitted at once, a fetch's own job's context, the hooks that say which
+job, and the counts of statistics()."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 
 import batch
 import store
-from tests.helpers import TIMEOUT, Recorder, Script
+from tests.helpers import TIMEOUT, Recorder, Script, raising
 
 pytestmark = pytest.mark.timeout(30)
 
 ALICE = batch.Caller("alice")
+BOB = batch.Caller("bob")
 
 
 def runner(
@@ -150,3 +155,144 @@ def test_submit_many_after_close_is_refused(db: store.Store) -> None:
     with pytest.raises(batch.RunnerClosed):
         r.submit_many(ALICE, [["a"]])
     assert db.list_jobs() == []
+
+
+# -- the context of a fetch's own job -------------------------------------------
+
+
+def test_a_fetch_sees_its_own_job_cancelled_at_once(db: store.Store) -> None:
+    """Cancelling a job cancels the context its fetch in flight waits on
+    (reason "cancelled"): a long fetch gives up at once instead of holding
+    its worker, and what it returns is stored. Another job's fetch goes on."""
+    started = {ref: threading.Event() for ref in ("a", "b")}
+    seen: dict[str, tuple[bool, str | None]] = {}
+
+    def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
+        started[target.ref].set()
+        cancelled = ctx.wait(TIMEOUT if target.ref == "a" else 0.05)
+        seen[target.ref] = (cancelled, ctx.reason)
+        return {"gave up": cancelled}
+
+    hooks = Recorder()
+    with runner(db, fetch, hooks, workers=2) as r:
+        a = r.submit(ALICE, ["a", "a2"])
+        b = r.submit(ALICE, ["b"])
+        started["a"].wait(TIMEOUT)
+        started["b"].wait(TIMEOUT)
+        began = time.monotonic()
+        assert r.cancel(ALICE, a)
+        hooks.wait_for(lambda h: len(h.targets) == 2)  # a's outcome, and b's
+        assert time.monotonic() - began < TIMEOUT / 2
+        job = r.status(ALICE, a)
+        assert r.wait(ALICE, b, TIMEOUT).status == "done"
+    assert seen == {"a": (True, "cancelled"), "b": (False, None)}
+    assert job.status == "cancelled"
+    assert [(t.status, t.result) for t in job.targets] == [
+        ("done", {"gave up": True}),
+        ("pending", None),
+    ]
+
+
+def test_close_cancels_every_fetch_context_with_reason_closed(db: store.Store) -> None:
+    started = threading.Event()
+    seen: list[str | None] = []
+
+    def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
+        assert ctx.reason is None
+        started.set()
+        ctx.wait(TIMEOUT)
+        seen.append(ctx.reason)
+        return None
+
+    r = runner(db, fetch, workers=1)
+    r.submit(ALICE, ["a", "b"])
+    assert started.wait(TIMEOUT)
+    r.close()
+    assert seen == ["closed"]
+
+
+# -- the hooks that say which job, and the busy answers --------------------------
+
+
+class Told(batch.Hooks):
+    """Records retry and ended calls."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.retries: list[tuple[str, float]] = []
+        self.endings: list[tuple[str, str, str]] = []
+        self.jobs: list[str] = []
+
+    def retry(self, err: BaseException, wait: float) -> None:
+        with self.lock:
+            self.retries.append((type(err).__name__, wait))
+
+    def ended(self, job_id: str, owner: str, status: str) -> None:
+        with self.lock:
+            self.endings.append((job_id, owner, status))
+
+    def job(self, status: str) -> None:
+        with self.lock:
+            self.jobs.append(status)
+
+
+def test_retry_is_told_each_busy_answer_that_will_be_tried_again(db: store.Store) -> None:
+    """Two busy answers, then done: two retry calls with the wait the
+    runner will make (retry_wait, or the longer wait the upstream asked
+    for), and the job ends done."""
+    script = Script()
+    answers = iter([batch.RetryLater("busy"), batch.RetryLater("busy", after=0.03)])
+
+    def answer(ctx: batch.Context, n: int) -> object:
+        err = next(answers, None)
+        if err is not None:
+            raise err
+        return "ok"
+
+    script.on("a", answer)
+    told = Told()
+    with runner(db, script, told, retry_wait=0.01) as r:
+        job_id = r.submit(ALICE, ["a"])
+        assert r.wait(ALICE, job_id, TIMEOUT).status == "done"
+        stats = r.statistics()
+    assert told.retries == [("RetryLater", 0.01), ("RetryLater", 0.03)]
+    assert (stats.stored, stats.retries, dict(stats.ended)) == (1, 2, {"done": 1})
+
+
+def test_no_retry_is_told_for_a_busy_answer_stored_failed(db: store.Store) -> None:
+    script = Script()
+    script.on("a", raising(batch.RetryLater("busy", after=60)))
+    told = Told()
+    with runner(db, script, told, retry_for=1.0) as r:
+        job_id = r.submit(ALICE, ["a"])
+        assert r.wait(ALICE, job_id, TIMEOUT).status == "failed"
+    assert told.retries == []
+
+
+def test_ended_names_each_job_once_whatever_ends_it(db: store.Store) -> None:
+    """Done, failed, partial and cancelled jobs each get one ended call with
+    their id, owner and status, beside job(status)."""
+    script = Script()
+    script.on("bad", raising(batch.TargetError("no")))
+    script.hold("held")
+    told = Told()
+    with runner(db, script, told, workers=2) as r:
+        ids = {
+            "done": r.submit(ALICE, ["ok"]),
+            "failed": r.submit(BOB, ["bad"]),
+            "partial": r.submit(ALICE, ["ok2", "bad"]),
+            "cancelled": r.submit(BOB, ["held", "never"]),
+        }
+        script.started("held")
+        assert r.cancel(BOB, ids["cancelled"])
+        script.release("held")
+        for status, job_id in ids.items():
+            caller = BOB if status in ("failed", "cancelled") else ALICE
+            assert r.wait(caller, job_id, TIMEOUT).status == status
+        stats = r.statistics()
+    assert sorted(told.endings) == sorted(
+        (job_id, "bob" if status in ("failed", "cancelled") else "alice", status)
+        for status, job_id in ids.items()
+    )
+    assert sorted(told.jobs) == sorted(ids)
+    assert dict(stats.ended) == {status: 1 for status in ids}
