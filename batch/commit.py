@@ -57,7 +57,7 @@ def record(s: State[C]) -> None:
             _save(s, [(j, o) for j, outcome in finished if (o := _ended(s, j, outcome, now))])
             if s.closed:
                 # A waiter must learn that its job will not end.
-                s.done.notify_all()
+                s.changed_all()
     finally:
         s.writing = False
 

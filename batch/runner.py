@@ -4,23 +4,22 @@ in ``commit``, the leases in ``keeper``; they share one ``State``."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import math
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from types import MappingProxyType, TracebackType
 from typing import Generic, TypeVar
 
 import store
-from store.schema import LIVE_JOB
 
-from . import keeper, worker
+from . import keeper, waits, worker
 from .clock import SYSTEM, Clock
-from .commit import unlocked
 from .context import Context
 from .errors import InvalidJob, JobNotFound, RunnerClosed
 from .hooks import Hooks
@@ -45,10 +44,6 @@ C = TypeVar("C", bound=CallerLike)
 #: What a runner calls for each target: ``fetch(ctx, caller, target)`` returns
 #: a JSON-serializable value, or raises ``RetryLater`` or ``TargetError``.
 Fetch = Callable[[Context, C, Target], object]
-
-#: Seconds between looks at the store by ``wait`` for a job another runner
-#: holds (a runner of this process tells it at once).
-WAIT_POLL = 0.1
 
 #: The open runners of this process, so that a cancel through one reaches
 #: the one holding the job at once.
@@ -286,41 +281,58 @@ class Runner(Generic[C]):
         A job this runner holds is waited for on its condition; one another
         runner holds is looked up in the store every ``WAIT_POLL`` seconds
         (so its end is seen that much later at most)."""
-        s = self._s
         owner = caller_id(caller)
         job_id = _stored_id(job_id)
-        deadline = _deadline(timeout, s.clock)
-        with s.lock:
-            while True:
-                job = s.rotation.get(job_id)
-                if job is not None and job.owner == owner:
-                    if job.cancelled:
-                        break
-                    if s.closed and not job.running:
-                        raise RunnerClosed(f"the runner closed before job {job_id!r} ended")
-                    poll = None
-                else:
-                    with unlocked(s.lock):
-                        status = s.store.job_status(job_id, owner)
-                    if status is None:
-                        raise JobNotFound(f"no job {job_id!r}")
-                    if status not in LIVE_JOB:
-                        break
-                    if s.rotation.get(job_id) is not None:
-                        continue  # taken by this runner meanwhile
-                    poll = WAIT_POLL
-                remaining = deadline - s.clock.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"job {job_id!r} did not end within {timeout}s")
-                s.waited[job_id] = s.waited.get(job_id, 0) + 1
-                try:
-                    s.wait(s.done, remaining if poll is None else min(poll, remaining))
-                finally:
-                    if s.waited[job_id] == 1:
-                        del s.waited[job_id]
-                    else:
-                        s.waited[job_id] -= 1
+        waits.ended(self._s, owner, (job_id,), _deadline(timeout, self._s.clock), f"job {job_id!r}")
         return self.status(caller, job_id)
+
+    def as_completed(
+        self, caller: C, job_ids: Iterable[str], timeout: float | None = None
+    ) -> Iterator[Job]:
+        """Yield each of the jobs as it becomes terminal, in the order they
+        end (those already terminal first), whichever runner runs them;
+        each id once. Raises ``TimeoutError`` if ``timeout`` seconds (from
+        this call) pass before the last one, and ``JobNotFound`` and
+        ``RunnerClosed`` as :meth:`wait` does. Waits as :meth:`wait` does:
+        no polling for the jobs this runner holds."""
+        owner = caller_id(caller)
+        if isinstance(job_ids, str) or not isinstance(job_ids, Iterable):
+            raise TypeError(f"job_ids is a collection of job ids, not {type(job_ids).__name__}")
+        pending = list(dict.fromkeys(_stored_id(job_id) for job_id in job_ids))
+        deadline = _deadline(timeout, self._s.clock)
+
+        def completed() -> Iterator[Job]:
+            while pending:
+                what = f"{len(pending)} job(s), {pending[0]!r} first,"
+                for job_id in waits.ended(self._s, owner, pending, deadline, what):
+                    pending.remove(job_id)
+                    yield self.status(caller, job_id)
+
+        return completed()
+
+    async def wait_async(self, caller: C, job_id: str, timeout: float | None = None) -> Job:
+        """:meth:`wait` for asyncio code: await it; it never blocks the event
+        loop (the store is read on a thread of the loop's, and a job this
+        runner holds is awaited on a future its end resolves). The same
+        errors as :meth:`wait`."""
+        owner = caller_id(caller)
+        job_id = _stored_id(job_id)
+        _deadline(timeout, self._s.clock)  # checks the timeout
+        await waits.ended_async(self._s, owner, job_id, waits.loop_deadline(timeout))
+        return await asyncio.to_thread(self.status, caller, job_id)
+
+    def requeue_failed(self, caller: C, job_id: str) -> str:
+        """Submit a new job of the failed targets of the terminal job
+        ``job_id``, in their order; return its id. ``InvalidJob`` if none
+        failed, or the job has not ended yet; ``JobNotFound`` like
+        :meth:`status`."""
+        job = self.status(caller, job_id)
+        if not job.terminal:
+            raise InvalidJob(f"job {job_id!r} is still {job.status}: requeue it once it ended")
+        failed = [t.target for t in job.targets if t.status == "failed"]
+        if not failed:
+            raise InvalidJob(f"job {job_id!r} has no failed target")
+        return self.submit(caller, failed)
 
     def statistics(self) -> Statistics:
         """A consistent snapshot of the runner, taken under its lock."""
@@ -357,7 +369,7 @@ class Runner(Generic[C]):
             for job in s.rotation:
                 job.ctx.cancel("closed")
             s.wake_all()
-            s.done.notify_all()
+            s.changed_all()
         finally:
             s.lock.release()
         _OPEN.discard(s)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import store
@@ -69,8 +70,10 @@ class State(Generic[C]):
       sleeping one is woken. The sleeper that keeps the ``timer`` also
       wakes at the earliest retry (``timer_at``). Every sleeper is woken on
       close.
-    - ``done``: callers in ``Runner.wait`` (``waited`` by job id) wait for
-      their job to end. Notified when a waited-for job leaves the rotation
+    - ``done``: callers in ``Runner.wait`` and ``as_completed`` (``waited``
+      by job id) wait for their jobs to end; coroutines in ``wait_async``
+      wait on futures instead (``watchers``), resolved at the same moments.
+      Notified when a waited-for job leaves the rotation
       or is cancelled, when a batch is written after close, and on close.
     - ``chores``: the keeper thread waits for its next beat. Notified when a
       job starts (its ``running`` is to be stored), when room frees under
@@ -122,6 +125,8 @@ class State(Generic[C]):
         self.timer: Sleeper | None = None
         self.timer_at = math.inf
         self.waited: dict[str, int] = {}
+        # By job id: what wakes each coroutine in wait_async for it (once).
+        self.watchers: dict[str, list[Callable[[], None]]] = {}
         # Fetches done, outcome not recorded yet (see commit.record).
         self.finished: list[tuple[LiveJob[C], Outcome]] = []
         self.writing = False
@@ -183,8 +188,7 @@ class State(Generic[C]):
         job.running = False
         if self.rotation.settle(job):
             call_hook(self.hooks.depth, len(self.rotation))
-            if job.id in self.waited:
-                self.done.notify_all()
+            self.changed(job.id)
             if self.config.max_live is not None and not self.closed:
                 self.want_room = True
                 self.chores.notify()
@@ -203,10 +207,26 @@ class State(Generic[C]):
             job.cancelled = True
             job.ctx.cancel("cancelled")
         if job.running:
-            if job.id in self.waited:
-                self.done.notify_all()
+            self.changed(job.id)
         else:
             self.settle(job)
+
+    def changed(self, job_id: str) -> None:
+        """Tell those waiting for ``job_id`` that it left the rotation or was
+        halted: they look at it again."""
+        if job_id in self.waited:
+            self.done.notify_all()
+        for wake in self.watchers.pop(job_id, ()):
+            wake()
+
+    def changed_all(self) -> None:
+        """Tell every waiter to look again: the runner closes, and a job
+        still in its hands will not end here."""
+        self.done.notify_all()
+        watchers, self.watchers = self.watchers, {}
+        for wakes in watchers.values():
+            for wake in wakes:
+                wake()
 
     def unwait(self, owner: str, jobs: int = 1) -> C:
         """``jobs`` of ``owner``'s waiting for room have joined (or were

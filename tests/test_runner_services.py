@@ -1,9 +1,11 @@
 """What services and scripts use beside submit and wait (SPEC §2b): many jobs
 submitted at once, a fetch's own job's context, the hooks that say which
-job, and the counts of statistics()."""
+job, the counts of statistics(), waiting for many jobs or from asyncio,
+and requeueing what failed."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -296,3 +298,221 @@ def test_ended_names_each_job_once_whatever_ends_it(db: store.Store) -> None:
     )
     assert sorted(told.jobs) == sorted(ids)
     assert dict(stats.ended) == {status: 1 for status in ids}
+
+
+# -- as_completed ------------------------------------------------------------------
+
+
+def test_as_completed_yields_jobs_in_the_order_they_end(db: store.Store) -> None:
+    """Jobs already ended first, then each as it ends, each id once."""
+    script = Script()
+    script.hold("a", "b", "c")
+    with runner(db, script, workers=3) as r:
+        early = r.submit(ALICE, ["early"])
+        assert r.wait(ALICE, early, TIMEOUT).status == "done"
+        ids = {ref: r.submit(ALICE, [ref]) for ref in "abc"}
+        for ref in "abc":
+            script.started(ref)
+        order = iter("cab")
+        script.release(next(order))
+        seen = []
+        for job in r.as_completed(ALICE, [ids["a"], early, ids["b"], ids["c"], ids["a"]], TIMEOUT):
+            seen.append(job)
+            if (ref := next(order, None)) is not None:
+                script.release(ref)
+    assert [j.id for j in seen] == [early, ids["c"], ids["a"], ids["b"]]
+    assert all(j.status == "done" for j in seen)
+
+
+def test_as_completed_times_out_after_yielding_what_ended(db: store.Store) -> None:
+    script = Script()
+    script.hold("stuck")
+    with runner(db, script, workers=2) as r:
+        done = r.submit(ALICE, ["fine"])
+        stuck = r.submit(ALICE, ["stuck"])
+        r.wait(ALICE, done, TIMEOUT)
+        completed = r.as_completed(ALICE, [done, stuck], timeout=0.2)
+        assert next(completed).id == done
+        with pytest.raises(TimeoutError):
+            next(completed)
+        script.release("stuck")
+
+
+def test_as_completed_refuses_unknown_and_foreign_jobs(db: store.Store) -> None:
+    with runner(db, Script()) as r:
+        theirs = r.submit(BOB, ["x"])
+        r.wait(BOB, theirs, TIMEOUT)
+        for ids in (["nope"], [theirs]):
+            with pytest.raises(batch.JobNotFound):
+                list(r.as_completed(ALICE, ids, TIMEOUT))
+        with pytest.raises(TypeError):
+            r.as_completed(ALICE, "abc")  # type: ignore[arg-type]
+        assert list(r.as_completed(ALICE, [], TIMEOUT)) == []
+
+
+def test_as_completed_sees_jobs_another_runner_holds(db: store.Store) -> None:
+    script = Script()
+    script.hold("far")
+    with runner(db, script) as running, runner(db, Script()) as asking:
+        job_id = running.submit(ALICE, ["far"])
+        script.started("far")
+        completed = asking.as_completed(ALICE, [job_id], TIMEOUT)
+        script.release("far")
+        (job,) = list(completed)
+    assert job.status == "done"
+
+
+def test_as_completed_does_not_poll_for_jobs_this_runner_holds(
+    db: store.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a job this runner holds is in flight, as_completed waits on the
+    runner's condition: it reads the store once, not every WAIT_POLL."""
+    script = Script()
+    script.hold("slow")
+    with runner(db, script) as r:
+        job_id = r.submit(ALICE, ["slow"])
+        script.started("slow")
+        reads = 0
+        real = db.list_jobs
+
+        def counted(**kwargs: object) -> list[store.JobSummary]:
+            nonlocal reads
+            reads += 1
+            return real(**kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(db, "list_jobs", counted)
+        with pytest.raises(TimeoutError):
+            list(r.as_completed(ALICE, [job_id], timeout=0.5))
+        assert reads == 0
+        script.release("slow")
+
+
+# -- wait_async ----------------------------------------------------------------------
+
+
+def test_wait_async_lets_the_event_loop_run(db: store.Store) -> None:
+    """While wait_async awaits a job in flight, the loop keeps ticking."""
+    script = Script()
+    script.hold("slow")
+    with runner(db, script) as r:
+        job_id = r.submit(ALICE, ["slow"])
+        script.started("slow")
+
+        async def main() -> tuple[batch.Job, int]:
+            ticks = 0
+            enough = asyncio.Event()
+
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.001)
+                    ticks += 1
+                    if ticks == 20:
+                        enough.set()
+
+            ticker = asyncio.create_task(tick())
+            waiting = asyncio.create_task(r.wait_async(ALICE, job_id, timeout=TIMEOUT))
+            await enough.wait()
+            script.release("slow")
+            job = await waiting
+            ticker.cancel()
+            return job, ticks
+
+        job, ticks = asyncio.run(main())
+    assert job.status == "done"
+    assert ticks >= 20
+
+
+def test_wait_async_many_at_once_take_no_thread_each(db: store.Store) -> None:
+    """A service awaiting 200 jobs at once holds no thread per waiter."""
+    script = Script()
+    script.hold("gate")
+    with runner(db, script, workers=1) as r:
+        gate = r.submit(ALICE, ["gate"])
+        script.started("gate")
+        ids = r.submit_many(ALICE, [[f"t{k}"] for k in range(200)])
+
+        async def main() -> list[batch.Job]:
+            waiting = [asyncio.create_task(r.wait_async(ALICE, i, TIMEOUT)) for i in ids]
+            await asyncio.sleep(0)  # every waiter registered
+            threads = threading.active_count()
+            script.release("gate")
+            jobs = await asyncio.gather(*waiting)
+            assert threading.active_count() <= threads + 8  # the loop's few store threads
+            return jobs
+
+        jobs = asyncio.run(main())
+        r.wait(ALICE, gate, TIMEOUT)
+    assert [j.status for j in jobs] == ["done"] * 200
+
+
+def test_wait_async_errors_as_wait(db: store.Store) -> None:
+    script = Script()
+    script.hold("slow")
+    r = runner(db, script, workers=1)
+    job_id = r.submit(ALICE, ["slow", "after"])
+    script.started("slow")
+    with pytest.raises(TimeoutError):
+        asyncio.run(r.wait_async(ALICE, job_id, timeout=0.05))
+    with pytest.raises(batch.JobNotFound):
+        asyncio.run(r.wait_async(ALICE, "nope", timeout=TIMEOUT))
+    with pytest.raises(batch.JobNotFound):
+        asyncio.run(r.wait_async(BOB, job_id, timeout=TIMEOUT))
+    closing = threading.Thread(target=r.close)
+    closing.start()
+    script.release("slow")
+    closing.join(TIMEOUT)
+    with pytest.raises(batch.RunnerClosed):
+        asyncio.run(r.wait_async(ALICE, job_id, timeout=TIMEOUT))
+
+
+def test_wait_async_sees_a_job_another_runner_holds(db: store.Store) -> None:
+    script = Script()
+    script.hold("far")
+    with runner(db, script) as running, runner(db, Script()) as asking:
+        job_id = running.submit(ALICE, ["far"])
+        script.started("far")
+
+        async def main() -> batch.Job:
+            waiting = asyncio.create_task(asking.wait_async(ALICE, job_id, TIMEOUT))
+            await asyncio.sleep(0.01)
+            script.release("far")
+            return await waiting
+
+        assert asyncio.run(main()).status == "done"
+
+
+# -- requeue_failed ----------------------------------------------------------------
+
+
+def test_requeue_failed_submits_the_failed_targets_in_order(db: store.Store) -> None:
+    script = Script()
+    for ref in ("b", "d"):
+        script.on(ref, raising(batch.TargetError("down")))
+    with runner(db, script) as r:
+        first = r.submit(ALICE, ["a", "b", "c", "d"])
+        assert r.wait(ALICE, first, TIMEOUT).status == "partial"
+        script.on("b", lambda ctx, n: "now fine")
+        again = r.requeue_failed(ALICE, first)
+        job = r.wait(ALICE, again, TIMEOUT)
+    assert again != first
+    assert [(t.target.ref, t.status) for t in job.targets] == [("b", "done"), ("d", "failed")]
+
+
+def test_requeue_failed_refuses_what_it_cannot_requeue(db: store.Store) -> None:
+    script = Script()
+    script.hold("held")
+    with runner(db, script, workers=2) as r:
+        fine = r.submit(ALICE, ["ok"])
+        r.wait(ALICE, fine, TIMEOUT)
+        live = r.submit(ALICE, ["held"])
+        script.started("held")
+        with pytest.raises(batch.InvalidJob, match="no failed target"):
+            r.requeue_failed(ALICE, fine)
+        with pytest.raises(batch.InvalidJob, match="still running"):
+            r.requeue_failed(ALICE, live)
+        with pytest.raises(batch.JobNotFound):
+            r.requeue_failed(BOB, fine)
+        with pytest.raises(batch.JobNotFound):
+            r.requeue_failed(ALICE, "nope")
+        script.release("held")
