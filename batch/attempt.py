@@ -6,7 +6,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
@@ -14,11 +14,12 @@ from .context import Context
 from .errors import RetryLater, TargetError
 from .model import Target
 
-__all__ = ["INTERNAL_ERROR", "Outcome", "attempt"]
+__all__ = ["INTERNAL_ERROR", "Outcome", "attempt", "attempt_async"]
 
 log = logging.getLogger("batch")
 
 C = TypeVar("C")
+T = TypeVar("T")
 
 #: The JSON of a result: compact, finite numbers only. Made once (json.dumps
 #: with options builds an encoder per call).
@@ -77,7 +78,37 @@ def attempt(
     error), ``BaseException`` included."""
     start = time.monotonic()
     try:
-        return _attempt(fetch, ctx, caller, target, start)
+        value = fetch(ctx, caller, target)
+    # A worker must survive whatever a fetch does, the Go "panic" included.
+    except BaseException as exc:  # noqa: BLE001
+        return _guarded(_failure, exc, start, target)
+    return _guarded(_success, value, start, target)
+
+
+async def attempt_async(
+    fetch: Callable[[Context, C, Target], Awaitable[object]],
+    ctx: Context,
+    caller: C,
+    target: Target,
+) -> Outcome:
+    """:func:`attempt` for a fetch that is an ``async def``: awaited on the
+    runner's event loop. Never raises either."""
+    start = time.monotonic()
+    try:
+        value = await fetch(ctx, caller, target)
+    except BaseException as exc:  # noqa: BLE001 - as attempt(), the loop's task included
+        return _guarded(_failure, exc, start, target)
+    return _guarded(_success, value, start, target)
+
+
+def _guarded(
+    classify: Callable[[T, float], Outcome], what: T, start: float, target: Target
+) -> Outcome:
+    """``classify(what, seconds)``; whatever that raises (an exception the
+    fetch raised and nothing recognises, a result whose encoding fails
+    oddly) is logged and stored as ``internal error``."""
+    try:
+        return classify(what, time.monotonic() - start)
     except BaseException as exc:
         # Not even a broken log handler ends a worker.
         with contextlib.suppress(BaseException):
@@ -87,19 +118,8 @@ def attempt(
         return Outcome("failed", time.monotonic() - start, error=INTERNAL_ERROR, err=exc)
 
 
-def _attempt(
-    fetch: Callable[[Context, C, Target], object],
-    ctx: Context,
-    caller: C,
-    target: Target,
-    start: float,
-) -> Outcome:
-    try:
-        value = fetch(ctx, caller, target)
-    # A worker must survive whatever a fetch does, the Go "panic" included.
-    except BaseException as exc:  # noqa: BLE001
-        return _failure(exc, time.monotonic() - start)
-    seconds = time.monotonic() - start
+def _success(value: object, seconds: float) -> Outcome:
+    """What a fetch returned, encoded; or why it cannot be stored."""
     try:
         text = _COMPACT.encode(value)
         if not text.isascii():

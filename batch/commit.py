@@ -13,10 +13,11 @@ import store
 
 from .attempt import Outcome
 from .errors import RetryLater
+from .hooks import call_hook
 from .rotation import LiveJob
 from .state import State
 
-__all__ = ["give_back_starting", "record", "take_starting", "unlocked"]
+__all__ = ["finished", "give_back_starting", "record", "take_starting", "unlocked"]
 
 log = logging.getLogger("batch")
 
@@ -36,6 +37,14 @@ def unlocked(lock: threading.Lock) -> Iterator[None]:
         yield
     finally:
         lock.acquire()
+
+
+def finished(s: State[C], job: LiveJob[C], outcome: Outcome) -> None:
+    """A fetch of ``job`` is done: its outcome waits to be recorded. Called
+    with the lock held."""
+    s.inflight -= 1
+    call_hook(s.hooks.inflight, s.inflight)
+    s.finished.append((job, outcome))
 
 
 def record(s: State[C]) -> None:
@@ -68,6 +77,9 @@ def _ended(s: State[C], job: LiveJob[C], outcome: Outcome, now: float) -> Outcom
     ``retry_at``, or leaves if halted meanwhile."""
     if outcome.status != "busy":
         return outcome
+    if job.halted:
+        s.settle(job)  # it leaves: nothing more of it will be tried
+        return None
     if job.busy_since is None:
         job.busy_since = now
     retry_for = s.config.retry_for

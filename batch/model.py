@@ -7,7 +7,6 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from json.scanner import make_scanner
-from types import MappingProxyType
 from typing import Any, Protocol
 
 from store.schema import LIVE_JOB
@@ -243,7 +242,8 @@ class Statistics:
     Since the runner opened: ``stored``, the targets it stored (``done`` or
     ``failed``); ``retries``, the busy answers it will try again; ``ended``,
     by status, the jobs that became terminal through it (those it ran to
-    their end, those cancelled through it, those it ended as interrupted).
+    their end, those cancelled through it, those it ended as interrupted):
+    a dict of this snapshot's own.
     """
 
     workers: int
@@ -253,4 +253,4 @@ class Statistics:
     closed: bool
     stored: int = 0
     retries: int = 0
-    ended: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    ended: Mapping[str, int] = field(default_factory=dict)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import math
 import threading
@@ -13,12 +14,12 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
-from types import MappingProxyType, TracebackType
+from types import TracebackType
 from typing import Generic, TypeVar
 
 import store
 
-from . import keeper, waits, worker
+from . import aio, keeper, waits, worker
 from .clock import SYSTEM, Clock
 from .context import Context
 from .errors import InvalidJob, JobNotFound, RunnerClosed
@@ -97,12 +98,20 @@ class Runner(Generic[C]):
         db.register_runner(s.id, config.takeover_after)
         with s.lock:
             keeper.beat(s, config.resume)
-        self._threads = [
-            threading.Thread(
-                target=worker.work, args=(s, fetch), name=f"batch-worker-{i}", daemon=True
-            )
-            for i in range(config.workers)
-        ]
+        if _is_async(fetch):
+            # One event loop for every fetch, one thread to record them.
+            self._threads = [
+                threading.Thread(target=aio.serve, args=(s, fetch), name="batch-loop", daemon=True),
+                threading.Thread(target=aio.write, args=(s,), name="batch-writer", daemon=True),
+            ]
+        else:
+            self._threads = [
+                threading.Thread(
+                    target=worker.work, args=(s, fetch), name=f"batch-worker-{i}", daemon=True
+                )
+                for i in range(config.workers)
+            ]
+        self._async = _is_async(fetch)
         self._keeper = threading.Thread(
             target=keeper.keep, args=(s, config.resume), name="batch-keeper", daemon=True
         )
@@ -339,15 +348,22 @@ class Runner(Generic[C]):
         s = self._s
         with s.lock:
             return Statistics(
-                workers=sum(t.is_alive() for t in self._threads),
+                workers=self._workers(),
                 live=len(s.rotation),
                 inflight=s.inflight,
                 waiting_retry=s.rotation.waiting_retry(s.clock.monotonic()),
                 closed=s.closed,
                 stored=s.counts.stored,
                 retries=s.counts.retries,
-                ended=MappingProxyType(dict(s.counts.ended)),
+                ended=dict(s.counts.ended),
             )
+
+    def _workers(self) -> int:
+        """Worker threads running; for an async fetch, the fetches the event
+        loop may run at once while it runs."""
+        if self._async:
+            return self._s.config.workers if self._threads[0].is_alive() else 0
+        return sum(t.is_alive() for t in self._threads)
 
     def close(self, timeout: float | None = None) -> None:
         """Stop: start no further target, cancel the fetch context, store what
@@ -368,7 +384,8 @@ class Runner(Generic[C]):
             s.closed = True
             for job in s.rotation:
                 job.ctx.cancel("closed")
-            s.wake_all()
+            s.idle.wake_all()
+            s.writes.notify_all()
             s.changed_all()
         finally:
             s.lock.release()
@@ -407,6 +424,14 @@ class Runner(Generic[C]):
         st = self.statistics()
         state = "closed" if st.closed else "open"
         return f"<batch.Runner {state} workers={st.workers} live={st.live} inflight={st.inflight}>"
+
+
+def _is_async(fetch: object) -> bool:
+    """Whether ``fetch`` is an ``async def`` function (or an object whose
+    ``__call__`` is one, or a partial of one)."""
+    return inspect.iscoroutinefunction(fetch) or inspect.iscoroutinefunction(
+        getattr(fetch, "__call__", None)  # noqa: B004 - an object's async __call__
+    )
 
 
 def _job_id(job_id: object) -> str:

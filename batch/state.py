@@ -7,7 +7,6 @@ works on one ``State``; this is where the rule of its lock is written.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -18,26 +17,15 @@ from .attempt import Outcome
 from .clock import Clock
 from .context import Context
 from .hooks import Hooks, call_hook
+from .idle import Idle, ThreadSleeper
 from .model import Config
 from .rotation import LiveJob, Rotation
 
-__all__ = ["Counts", "Sleeper", "State"]
+__all__ = ["Counts", "State"]
 
 log = logging.getLogger("batch")
 
 C = TypeVar("C")
-
-
-class Sleeper:
-    """An idle worker's place: a condition of its own on the runner's lock,
-    so that a wake reaches the one worker chosen, and whether it was woken
-    (rather than timed out)."""
-
-    __slots__ = ("cond", "woken")
-
-    def __init__(self, lock: threading.Lock) -> None:
-        self.cond = threading.Condition(lock)
-        self.woken = False
 
 
 class Counts:
@@ -61,20 +49,20 @@ class State(Generic[C]):
 
     Conditions share it; each says who waits on it and who notifies:
 
-    - each idle worker's own (a :class:`Sleeper`, in ``sleeping``): it waits
+    - each idle worker's own (in ``idle``, see ``batch.idle``): it waits
       for a job that can start a target. A worker is woken only when a job
-      can start and no worker woken before is still on its way
-      (``waking``): the one woken takes a job and, if more can start, wakes
-      the next. So a job that becomes ready wakes one worker, never all of
-      them, and a worker that is running takes ready jobs before any
-      sleeping one is woken. The sleeper that keeps the ``timer`` also
-      wakes at the earliest retry (``timer_at``). Every sleeper is woken on
-      close.
+      can start and no worker woken before is still on its way: the one
+      woken takes a job and, if more can start, wakes the next. The
+      sleeper that keeps the timer also wakes at the earliest retry. Every
+      sleeper is woken on close.
     - ``done``: callers in ``Runner.wait`` and ``as_completed`` (``waited``
       by job id) wait for their jobs to end; coroutines in ``wait_async``
       wait on futures instead (``watchers``), resolved at the same moments.
       Notified when a waited-for job leaves the rotation
       or is cancelled, when a batch is written after close, and on close.
+    - ``writes``: an async runner's writer thread waits for outcomes to
+      record. Notified when a fetch's outcome joins ``finished``, and on
+      close.
     - ``chores``: the keeper thread waits for its next beat. Notified when a
       job starts (its ``running`` is to be stored), when room frees under
       ``Config.max_live``, and on close.
@@ -113,17 +101,12 @@ class State(Generic[C]):
         self.lock = threading.Lock()
         self.done = threading.Condition(self.lock)
         self.chores = threading.Condition(self.lock)
+        self.writes = threading.Condition(self.lock)
 
         self.rotation: Rotation[C] = Rotation()
         self.counts = Counts()
         self.inflight = 0
-        # Idle workers, the last to go idle last (woken first: the most
-        # recently run thread); those woken and not yet back; the sleeper
-        # that wakes for the earliest retry, and when.
-        self.sleeping: dict[Sleeper, None] = {}
-        self.waking = 0
-        self.timer: Sleeper | None = None
-        self.timer_at = math.inf
+        self.idle = Idle()
         self.waited: dict[str, int] = {}
         # By job id: what wakes each coroutine in wait_async for it (once).
         self.watchers: dict[str, list[Callable[[], None]]] = {}
@@ -245,62 +228,28 @@ class State(Generic[C]):
         """A job may start now, or at a retry time the sleepers may not know
         of: wake one idle worker, unless one woken before is on its way (it
         wakes the next itself, if more can start)."""
-        if self.sleeping and not self.waking:
-            self._wake_one()
+        self.idle.wake_one()
 
     def pass_on(self, now: float) -> None:
         """A worker has taken a job: if another can start now, wake the
         next idle worker (no more than one on its way at a time)."""
-        if self.sleeping and not self.waking and self.rotation.ready(now):
-            self._wake_one()
+        if self.rotation.ready(now):
+            self.idle.wake_one()
 
     def retry_at(self, when: float) -> None:
         """A job waits to be tried again at ``when``: unless a sleeper wakes
         by then, one is woken to keep the timer."""
-        if when < self.timer_at:
-            self.wake_worker()
+        if when < self.idle.timer_at:
+            self.idle.wake_one()
 
-    def wake_all(self) -> None:
-        """Wake every idle worker: the runner closes."""
-        for sleeper in self.sleeping:
-            sleeper.woken = True
-            sleeper.cond.notify()
-        self.waking += len(self.sleeping)
-        self.sleeping.clear()
-
-    def _wake_one(self) -> None:
-        sleeper, _ = self.sleeping.popitem()
-        if sleeper is self.timer and self.sleeping:
-            # The timer keeper sleeps on: another is woken.
-            other, _ = self.sleeping.popitem()
-            self.sleeping[sleeper] = None
-            sleeper = other
-        sleeper.woken = True
-        self.waking += 1
-        sleeper.cond.notify()
-
-    def sleep(self, sleeper: Sleeper, retry_in: float | None) -> None:
+    def sleep(self, sleeper: ThreadSleeper, retry_in: float | None) -> None:
         """Wait (lock held) until woken, or, keeping the timer, until the
         earliest retry ``retry_in`` seconds from now is due."""
         now = self.clock.monotonic()
-        timeout = None
-        if retry_in is not None and (self.timer is None or now + retry_in < self.timer_at):
-            self.timer, self.timer_at, timeout = sleeper, now + retry_in, retry_in
-        self.sleeping[sleeper] = None
         try:
-            self.wait(sleeper.cond, timeout)
+            self.wait(sleeper.cond, self.idle.nap(sleeper, now, retry_in))
         finally:
-            if sleeper.woken:
-                sleeper.woken = False
-                self.waking -= 1
-            else:
-                del self.sleeping[sleeper]
-            if self.timer is sleeper:
-                self.timer, self.timer_at = None, math.inf
-                if self.sleeping and self.rotation.next_retry_in(now) is not None:
-                    # Retries wait and the others sleep untimed: one of
-                    # them is woken, to keep the timer.
-                    self._wake_one()
+            self.idle.woke(sleeper, self.rotation.next_retry_in(now) is not None)
 
     def cancelled_elsewhere(self, job_id: str) -> None:
         """Another runner of this process cancelled ``job_id`` in the store:

@@ -10,11 +10,12 @@ from . import commit
 from .attempt import attempt
 from .context import Context
 from .hooks import call_hook
+from .idle import ThreadSleeper
 from .model import Target
 from .rotation import LiveJob
-from .state import Sleeper, State
+from .state import State
 
-__all__ = ["work"]
+__all__ = ["pick", "retry_in", "take", "work"]
 
 log = logging.getLogger("batch")
 
@@ -32,16 +33,14 @@ def work(s: State[C], fetch: Callable[[Context, C, Target], object]) -> None:
     ``Runner.statistics().workers`` shows one fewer.
     """
     job: LiveJob[C] | None = None
-    sleeper = Sleeper(s.lock)
+    sleeper = ThreadSleeper(s.lock)
     try:
         with s.lock:
             job = pick(s, sleeper)
         while job is not None:
             outcome = attempt(fetch, job.ctx, job.caller, job.targets[job.next])
             with s.lock:
-                s.inflight -= 1
-                call_hook(s.hooks.inflight, s.inflight)
-                s.finished.append((job, outcome))
+                commit.finished(s, job, outcome)
                 # Let go of the turn before waiting for the next one: a job
                 # that leaves the rotation must not keep its caller alive here.
                 job = None
@@ -57,26 +56,42 @@ def work(s: State[C], fetch: Callable[[Context, C, Target], object]) -> None:
         raise
 
 
-def pick(s: State[C], sleeper: Sleeper) -> LiveJob[C] | None:
+def pick(s: State[C], sleeper: ThreadSleeper) -> LiveJob[C] | None:
     """Wait (as ``sleeper``) for a job that can start a target and mark it
     in flight; None once the runner is closed. Called with the lock held."""
     while not s.closed:
-        now = s.clock.monotonic()
-        job = None if now >= s.valid_until else s.rotation.pick(now)
-        if job is None:
-            # One timed wait on the earliest retry, not a timer per retry;
-            # past valid_until, only a renewal (which wakes a worker) helps.
-            s.sleep(sleeper, None if now >= s.valid_until else s.rotation.next_retry_in(now))
-            continue
-        s.pass_on(now)
-        if not job.started:
-            job.started = True
-            if not s.starting:
-                s.starting_since = now
-                s.chores.notify()
-            s.starting.append(job)
-        job.running = True
-        s.inflight += 1
-        call_hook(s.hooks.inflight, s.inflight)
-        return job
+        job = take(s)
+        if job is not None:
+            return job
+        # One timed wait on the earliest retry, not a timer per retry; past
+        # valid_until, only a renewal (which wakes a worker) helps.
+        s.sleep(sleeper, retry_in(s))
     return None
+
+
+def take(s: State[C]) -> LiveJob[C] | None:
+    """The next job that can start a target now, marked in flight (and to be
+    stored ``running`` if it just started); None if none can. Called with
+    the lock held; whoever takes the job fetches its next target."""
+    now = s.clock.monotonic()
+    job = None if now >= s.valid_until else s.rotation.pick(now)
+    if job is None:
+        return None
+    s.pass_on(now)
+    if not job.started:
+        job.started = True
+        if not s.starting:
+            s.starting_since = now
+            s.chores.notify()
+        s.starting.append(job)
+    job.running = True
+    s.inflight += 1
+    call_hook(s.hooks.inflight, s.inflight)
+    return job
+
+
+def retry_in(s: State[C]) -> float | None:
+    """Seconds until the earliest held-back target may be tried (None if
+    none waits, or if no target may start before a renewal)."""
+    now = s.clock.monotonic()
+    return None if now >= s.valid_until else s.rotation.next_retry_in(now)

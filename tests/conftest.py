@@ -15,13 +15,15 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
+import batch
 import store
 from tests import pgserver
-from tests.helpers import TEMPLATE, Clock, fresh, store_clock
+from tests.helpers import TEMPLATE, Clock, MakeRunner, as_async, fresh, store_clock
 
 
 @pytest.fixture
@@ -76,6 +78,23 @@ def db(location: str) -> Iterator[store.Store]:
     """A new store, on each engine."""
     with store.open(location) as s:
         yield s
+
+
+@pytest.fixture(params=["threads", "async"])
+def runner(request: pytest.FixtureRequest) -> MakeRunner:
+    """Makes runners of one kind: worker threads, or an event loop running
+    an ``async def`` fetch (the test's fetch, made one). A rule test that
+    takes it runs on both kinds."""
+
+    def make(
+        db: store.Store, fetch: Any, hooks: batch.Hooks | None = None, **config: Any
+    ) -> batch.Runner[Any]:
+        config.setdefault("retry_wait", 0.01)
+        if request.param == "async":
+            fetch = as_async(fetch)
+        return batch.Runner(db, fetch, batch.Config(**config), hooks)
+
+    return make
 
 
 @pytest.fixture

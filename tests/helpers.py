@@ -3,6 +3,7 @@ and a server run for the length of a block."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
@@ -214,6 +215,21 @@ def store_clock(clock: Clock) -> Iterator[Clock]:
         yield clock
 
 
+def as_async(fetch: Callable[..., Any]) -> Callable[..., Any]:
+    """``fetch`` as an ``async def`` fetch: the runner then runs it on its
+    event loop, which hands it to a thread (a test's fetch blocks on its
+    gates, and must not block the loop)."""
+
+    async def fetch_async(ctx: batch.Context, caller: Any, target: batch.Target) -> Any:
+        return await asyncio.to_thread(fetch, ctx, caller, target)
+
+    return fetch_async
+
+
+#: Makes a runner: ``make(db, fetch, hooks=None, **config)``.
+MakeRunner = Callable[..., "batch.Runner[Any]"]
+
+
 class StepClock:
     """A ``batch.clock.Clock`` the test steps: ``monotonic()`` moves only by
     :meth:`tick`. Its waits return within a few milliseconds of real time
@@ -253,6 +269,7 @@ class Recorder(batch.Hooks):
         self.targets: list[tuple[BaseException | None, float, int]] = []
         self.jobs: list[str] = []
         self.seconds: list[float] = []
+        self.retries: list[tuple[BaseException, float]] = []
 
     def depth(self, live: int) -> None:
         with self._cond:
@@ -277,6 +294,11 @@ class Recorder(batch.Hooks):
     def job_seconds(self, seconds: float) -> None:
         with self._cond:
             self.seconds.append(seconds)
+            self._cond.notify_all()
+
+    def retry(self, err: BaseException, wait: float) -> None:
+        with self._cond:
+            self.retries.append((err, wait))
             self._cond.notify_all()
 
     def wait_for(self, pred: Callable[[Recorder], bool], timeout: float = TIMEOUT) -> None:

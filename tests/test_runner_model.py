@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 
 import batch
 import store
-from tests.helpers import TIMEOUT, Recorder
+from tests.helpers import TIMEOUT, Recorder, as_async
 
 #: Text of the unexpected exception: it may reach the log, never the store.
 SECRET = "secret-detail-2b9e"
@@ -258,6 +258,7 @@ class Model:
         self.ended: Counter[str] = Counter()
         self.seconds = 0
         self.targets: list[str] = []
+        self.retries = 0
         #: Jobs submitted while the cursor was past the last live job.
         self.newcomers: set[str] = set()
 
@@ -329,6 +330,8 @@ class Model:
             # Busy: pending still, and with retry_wait=0 ready again at once.
             if job.cancelled:
                 self.leave(job)
+            else:
+                self.retries += 1
             return
         job.stored[job.next] = stored
         job.next += 1
@@ -356,6 +359,8 @@ class RunnerMachine(RuleBasedStateMachine):
     workers = 1
     #: True: the model says which target each pick must fetch.
     exact = True
+    #: True: the fetch is an async def, run on the runner's event loop.
+    run_async = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -368,8 +373,9 @@ class RunnerMachine(RuleBasedStateMachine):
         self.over: set[str] = set()
         self.checks = 0
         config = batch.Config(workers=self.workers, retry_wait=0, retry_for=3600.0)
+        fetch = as_async(self.fetch) if self.run_async else self.fetch
         self.runner: batch.Runner[batch.Caller] = batch.Runner(
-            self.db, self.fetch, config, hooks=self.hooks
+            self.db, fetch, config, hooks=self.hooks
         )
 
     def teardown(self) -> None:
@@ -410,12 +416,24 @@ class RunnerMachine(RuleBasedStateMachine):
             self.calls[job.key] = call
 
     def recorded(self) -> None:
-        """Wait until the worker has recorded what its fetch returned: its
+        """Wait until the runner has recorded what its fetch returned: its
         ``inflight`` hook comes first, then (the lock let go while the outcome
-        is written) its ``target`` hook if it was stored; the runner's lock is
-        held from that hook until the rest is done."""
-        inflights, targets = len(self.model.inflights), len(self.model.targets)
-        self.hooks.wait_for(lambda h: len(h.inflights) >= inflights and len(h.targets) >= targets)
+        is written, by the worker or an async runner's writer) its ``target``
+        hook if it was stored, its ``retry`` hook if it is to be tried again,
+        its ``depth`` hook if the job left; the runner's lock is held from
+        those hooks until the rest is done."""
+        m = self.model
+        want = (len(m.inflights), len(m.targets), len(m.depths), m.retries)
+        self.hooks.wait_for(
+            lambda h: all(
+                got >= wanted
+                for got, wanted in zip(
+                    (len(h.inflights), len(h.targets), len(h.depths), len(h.retries)),
+                    want,
+                    strict=True,
+                )
+            )
+        )
         self.runner.statistics()
 
     def end(self, key: str, act: Act) -> None:
@@ -573,6 +591,7 @@ class RunnerMachine(RuleBasedStateMachine):
             assert Counter(self.hooks.jobs) == model.ended
             assert len(self.hooks.seconds) == model.seconds
             assert [err_name(e) for e, _, _ in self.hooks.targets] == model.targets
+            assert len(self.hooks.retries) == model.retries
             for err, seconds, nbytes in self.hooks.targets:
                 assert seconds >= 0
                 assert nbytes > 0 if err is None else nbytes == 0
@@ -594,6 +613,19 @@ class RunnerWorkersMachine(RunnerMachine):
     exact = False
 
 
+class AsyncRunnerMachine(RunnerMachine):
+    """One fetch at a time on an async runner: the same model, the same
+    order of turns, every hook the same."""
+
+    run_async = True
+
+
+class AsyncRunnerWorkersMachine(RunnerWorkersMachine):
+    """Three fetches at once on an async runner."""
+
+    run_async = True
+
+
 SETTINGS = settings(
     max_examples=200,
     stateful_step_count=50,
@@ -603,5 +635,9 @@ SETTINGS = settings(
 
 RunnerMachine.TestCase.settings = SETTINGS
 RunnerWorkersMachine.TestCase.settings = settings(SETTINGS, max_examples=70)
+AsyncRunnerMachine.TestCase.settings = settings(SETTINGS, max_examples=100)
+AsyncRunnerWorkersMachine.TestCase.settings = settings(SETTINGS, max_examples=40)
 TestRunnerModel = RunnerMachine.TestCase
 TestRunnerModelWorkers = RunnerWorkersMachine.TestCase
+TestAsyncRunnerModel = AsyncRunnerMachine.TestCase
+TestAsyncRunnerModelWorkers = AsyncRunnerWorkersMachine.TestCase

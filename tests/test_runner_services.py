@@ -13,7 +13,7 @@ import pytest
 
 import batch
 import store
-from tests.helpers import TIMEOUT, Recorder, Script, raising
+from tests.helpers import TIMEOUT, MakeRunner, Recorder, Script, raising
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -21,20 +21,10 @@ ALICE = batch.Caller("alice")
 BOB = batch.Caller("bob")
 
 
-def runner(
-    db: store.Store,
-    fetch: batch.Fetch[batch.Caller],
-    hooks: batch.Hooks | None = None,
-    **config: object,
-) -> batch.Runner[batch.Caller]:
-    config.setdefault("retry_wait", 0.01)
-    return batch.Runner(db, fetch, batch.Config(**config), hooks)  # type: ignore[arg-type]
-
-
 # -- submit_many ---------------------------------------------------------------
 
 
-def test_submit_many_joins_the_rotation_in_order(db: store.Store) -> None:
+def test_submit_many_joins_the_rotation_in_order(db: store.Store, runner: MakeRunner) -> None:
     """The jobs of one call take turns in the order given, like jobs
     submitted one by one: a1 b1 c1 a2 b2 c2 with one worker."""
     script = Script()
@@ -54,7 +44,7 @@ def test_submit_many_joins_the_rotation_in_order(db: store.Store) -> None:
     ]
 
 
-def test_submit_many_reports_the_depth_once(db: store.Store) -> None:
+def test_submit_many_reports_the_depth_once(db: store.Store, runner: MakeRunner) -> None:
     """The jobs join at once: the live count goes up once, by all of them."""
     script = Script()
     hooks = Recorder()
@@ -79,7 +69,7 @@ def test_submit_many_reports_the_depth_once(db: store.Store) -> None:
     ],
 )
 def test_submit_many_names_the_bad_job_and_stores_nothing(
-    db: store.Store, jobs: object, message: str
+    db: store.Store, jobs: object, message: str, runner: MakeRunner
 ) -> None:
     """A bad list anywhere: InvalidJob naming the job's index (and the
     target's position), and not one of the jobs is stored."""
@@ -91,14 +81,14 @@ def test_submit_many_names_the_bad_job_and_stores_nothing(
     assert db.list_jobs() == []
 
 
-def test_submit_many_of_no_job_stores_nothing(db: store.Store) -> None:
+def test_submit_many_of_no_job_stores_nothing(db: store.Store, runner: MakeRunner) -> None:
     with runner(db, Script()) as r:
         assert r.submit_many(ALICE, []) == []
         assert r.submit_many(ALICE, iter([])) == []
     assert db.list_jobs() == []
 
 
-def test_submit_many_takes_any_iterable(db: store.Store) -> None:
+def test_submit_many_takes_any_iterable(db: store.Store, runner: MakeRunner) -> None:
     """Generators of generators are read once, in order."""
     with runner(db, Script(), workers=2) as r:
         ids = r.submit_many(ALICE, ((f"{k}-{i}" for i in range(2)) for k in range(3)))
@@ -111,7 +101,7 @@ def test_submit_many_takes_any_iterable(db: store.Store) -> None:
 
 
 def test_submit_many_stores_all_or_nothing(
-    db: store.Store, monkeypatch: pytest.MonkeyPatch
+    db: store.Store, monkeypatch: pytest.MonkeyPatch, runner: MakeRunner
 ) -> None:
     """A store that refuses the write: the caller gets the StoreError, no job
     is stored, and the runner's room is as before (a later submit joins)."""
@@ -133,7 +123,7 @@ def test_submit_many_stores_all_or_nothing(
         assert [r.wait(ALICE, i, TIMEOUT).status for i in ids] == ["done", "done"]
 
 
-def test_submit_many_past_max_live_waits_in_order(db: store.Store) -> None:
+def test_submit_many_past_max_live_waits_in_order(db: store.Store, runner: MakeRunner) -> None:
     """Under max_live, the first jobs that fit join; the rest wait queued in
     the store and join in the order given as room frees."""
     script = Script()
@@ -151,7 +141,7 @@ def test_submit_many_past_max_live_waits_in_order(db: store.Store) -> None:
     assert [c for c in script.calls if c.endswith("-a")] == [f"j{k}-a" for k in range(5)]
 
 
-def test_submit_many_after_close_is_refused(db: store.Store) -> None:
+def test_submit_many_after_close_is_refused(db: store.Store, runner: MakeRunner) -> None:
     r = runner(db, Script())
     r.close()
     with pytest.raises(batch.RunnerClosed):
@@ -162,7 +152,7 @@ def test_submit_many_after_close_is_refused(db: store.Store) -> None:
 # -- the context of a fetch's own job -------------------------------------------
 
 
-def test_a_fetch_sees_its_own_job_cancelled_at_once(db: store.Store) -> None:
+def test_a_fetch_sees_its_own_job_cancelled_at_once(db: store.Store, runner: MakeRunner) -> None:
     """Cancelling a job cancels the context its fetch in flight waits on
     (reason "cancelled"): a long fetch gives up at once instead of holding
     its worker, and what it returns is stored. Another job's fetch goes on."""
@@ -195,7 +185,9 @@ def test_a_fetch_sees_its_own_job_cancelled_at_once(db: store.Store) -> None:
     ]
 
 
-def test_close_cancels_every_fetch_context_with_reason_closed(db: store.Store) -> None:
+def test_close_cancels_every_fetch_context_with_reason_closed(
+    db: store.Store, runner: MakeRunner
+) -> None:
     started = threading.Event()
     seen: list[str | None] = []
 
@@ -238,7 +230,9 @@ class Told(batch.Hooks):
             self.jobs.append(status)
 
 
-def test_retry_is_told_each_busy_answer_that_will_be_tried_again(db: store.Store) -> None:
+def test_retry_is_told_each_busy_answer_that_will_be_tried_again(
+    db: store.Store, runner: MakeRunner
+) -> None:
     """Two busy answers, then done: two retry calls with the wait the
     runner will make (retry_wait, or the longer wait the upstream asked
     for), and the job ends done."""
@@ -261,7 +255,9 @@ def test_retry_is_told_each_busy_answer_that_will_be_tried_again(db: store.Store
     assert (stats.stored, stats.retries, dict(stats.ended)) == (1, 2, {"done": 1})
 
 
-def test_no_retry_is_told_for_a_busy_answer_stored_failed(db: store.Store) -> None:
+def test_no_retry_is_told_for_a_busy_answer_stored_failed(
+    db: store.Store, runner: MakeRunner
+) -> None:
     script = Script()
     script.on("a", raising(batch.RetryLater("busy", after=60)))
     told = Told()
@@ -271,7 +267,7 @@ def test_no_retry_is_told_for_a_busy_answer_stored_failed(db: store.Store) -> No
     assert told.retries == []
 
 
-def test_ended_names_each_job_once_whatever_ends_it(db: store.Store) -> None:
+def test_ended_names_each_job_once_whatever_ends_it(db: store.Store, runner: MakeRunner) -> None:
     """Done, failed, partial and cancelled jobs each get one ended call with
     their id, owner and status, beside job(status)."""
     script = Script()
@@ -303,7 +299,9 @@ def test_ended_names_each_job_once_whatever_ends_it(db: store.Store) -> None:
 # -- as_completed ------------------------------------------------------------------
 
 
-def test_as_completed_yields_jobs_in_the_order_they_end(db: store.Store) -> None:
+def test_as_completed_yields_jobs_in_the_order_they_end(
+    db: store.Store, runner: MakeRunner
+) -> None:
     """Jobs already ended first, then each as it ends, each id once."""
     script = Script()
     script.hold("a", "b", "c")
@@ -313,18 +311,20 @@ def test_as_completed_yields_jobs_in_the_order_they_end(db: store.Store) -> None
         ids = {ref: r.submit(ALICE, [ref]) for ref in "abc"}
         for ref in "abc":
             script.started(ref)
-        order = iter("cab")
-        script.release(next(order))
+        script.release("c")
+        after = {ids["c"]: "a", ids["a"]: "b"}  # each released once the one before ended
         seen = []
         for job in r.as_completed(ALICE, [ids["a"], early, ids["b"], ids["c"], ids["a"]], TIMEOUT):
             seen.append(job)
-            if (ref := next(order, None)) is not None:
-                script.release(ref)
+            if job.id in after:
+                script.release(after[job.id])
     assert [j.id for j in seen] == [early, ids["c"], ids["a"], ids["b"]]
     assert all(j.status == "done" for j in seen)
 
 
-def test_as_completed_times_out_after_yielding_what_ended(db: store.Store) -> None:
+def test_as_completed_times_out_after_yielding_what_ended(
+    db: store.Store, runner: MakeRunner
+) -> None:
     script = Script()
     script.hold("stuck")
     with runner(db, script, workers=2) as r:
@@ -338,7 +338,7 @@ def test_as_completed_times_out_after_yielding_what_ended(db: store.Store) -> No
         script.release("stuck")
 
 
-def test_as_completed_refuses_unknown_and_foreign_jobs(db: store.Store) -> None:
+def test_as_completed_refuses_unknown_and_foreign_jobs(db: store.Store, runner: MakeRunner) -> None:
     with runner(db, Script()) as r:
         theirs = r.submit(BOB, ["x"])
         r.wait(BOB, theirs, TIMEOUT)
@@ -350,7 +350,7 @@ def test_as_completed_refuses_unknown_and_foreign_jobs(db: store.Store) -> None:
         assert list(r.as_completed(ALICE, [], TIMEOUT)) == []
 
 
-def test_as_completed_sees_jobs_another_runner_holds(db: store.Store) -> None:
+def test_as_completed_sees_jobs_another_runner_holds(db: store.Store, runner: MakeRunner) -> None:
     script = Script()
     script.hold("far")
     with runner(db, script) as running, runner(db, Script()) as asking:
@@ -363,7 +363,7 @@ def test_as_completed_sees_jobs_another_runner_holds(db: store.Store) -> None:
 
 
 def test_as_completed_does_not_poll_for_jobs_this_runner_holds(
-    db: store.Store, monkeypatch: pytest.MonkeyPatch
+    db: store.Store, monkeypatch: pytest.MonkeyPatch, runner: MakeRunner
 ) -> None:
     """While a job this runner holds is in flight, as_completed waits on the
     runner's condition: it reads the store once, not every WAIT_POLL."""
@@ -390,7 +390,7 @@ def test_as_completed_does_not_poll_for_jobs_this_runner_holds(
 # -- wait_async ----------------------------------------------------------------------
 
 
-def test_wait_async_lets_the_event_loop_run(db: store.Store) -> None:
+def test_wait_async_lets_the_event_loop_run(db: store.Store, runner: MakeRunner) -> None:
     """While wait_async awaits a job in flight, the loop keeps ticking."""
     script = Script()
     script.hold("slow")
@@ -423,7 +423,7 @@ def test_wait_async_lets_the_event_loop_run(db: store.Store) -> None:
     assert ticks >= 20
 
 
-def test_wait_async_many_at_once_take_no_thread_each(db: store.Store) -> None:
+def test_wait_async_many_at_once_take_no_thread_each(db: store.Store, runner: MakeRunner) -> None:
     """A service awaiting 200 jobs at once holds no thread per waiter."""
     script = Script()
     script.hold("gate")
@@ -446,7 +446,7 @@ def test_wait_async_many_at_once_take_no_thread_each(db: store.Store) -> None:
     assert [j.status for j in jobs] == ["done"] * 200
 
 
-def test_wait_async_errors_as_wait(db: store.Store) -> None:
+def test_wait_async_errors_as_wait(db: store.Store, runner: MakeRunner) -> None:
     script = Script()
     script.hold("slow")
     r = runner(db, script, workers=1)
@@ -466,7 +466,7 @@ def test_wait_async_errors_as_wait(db: store.Store) -> None:
         asyncio.run(r.wait_async(ALICE, job_id, timeout=TIMEOUT))
 
 
-def test_wait_async_sees_a_job_another_runner_holds(db: store.Store) -> None:
+def test_wait_async_sees_a_job_another_runner_holds(db: store.Store, runner: MakeRunner) -> None:
     script = Script()
     script.hold("far")
     with runner(db, script) as running, runner(db, Script()) as asking:
@@ -485,7 +485,9 @@ def test_wait_async_sees_a_job_another_runner_holds(db: store.Store) -> None:
 # -- requeue_failed ----------------------------------------------------------------
 
 
-def test_requeue_failed_submits_the_failed_targets_in_order(db: store.Store) -> None:
+def test_requeue_failed_submits_the_failed_targets_in_order(
+    db: store.Store, runner: MakeRunner
+) -> None:
     script = Script()
     for ref in ("b", "d"):
         script.on(ref, raising(batch.TargetError("down")))
@@ -499,7 +501,7 @@ def test_requeue_failed_submits_the_failed_targets_in_order(db: store.Store) -> 
     assert [(t.target.ref, t.status) for t in job.targets] == [("b", "done"), ("d", "failed")]
 
 
-def test_requeue_failed_refuses_what_it_cannot_requeue(db: store.Store) -> None:
+def test_requeue_failed_refuses_what_it_cannot_requeue(db: store.Store, runner: MakeRunner) -> None:
     script = Script()
     script.hold("held")
     with runner(db, script, workers=2) as r:
