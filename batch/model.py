@@ -174,7 +174,9 @@ class Config:
     - ``retry_for``: how long a target may keep coming back busy before it is
       stored ``failed``.
     - ``max_bytes``: the stored bytes past which terminal jobs are evicted.
-    - ``max_targets``: the most targets one job may have.
+    - ``max_targets``: the most targets one job may have (a list of URLs
+      a script reads does not reach the default; the runner holds about 50
+      bytes per target of a live job, and the store a row each).
     - ``resume``: ``caller_id -> caller | None``. A new runner takes over the
       live jobs of runners that are gone; each job whose owner ``resume``
       returns a caller for rejoins the rotation at its first pending target
@@ -195,7 +197,7 @@ class Config:
     retry_wait: float = 1.0
     retry_for: float = 60.0
     max_bytes: int = 256 << 20
-    max_targets: int = 1000
+    max_targets: int = 100_000
     resume: Callable[[str], Any] | None = None
     takeover_after: float = 5.0
     max_live: int | None = None

@@ -6,7 +6,10 @@ targets each.
 Shapes:
 
 - 256 workers, each fetch 50 ms, 1,000 jobs of 20;
-- 64 workers, each fetch 10 ms, 500 jobs of 20.
+- 64 workers, each fetch 10 ms, 500 jobs of 20;
+- an ``async def`` fetch awaiting 50 ms, 1,000 in flight on the runner's
+  event loop (``workers=1000``), 1,000 jobs of 20: what one process can keep
+  in flight without a thread per fetch.
 
 Against two references measured or computed in the same rounds:
 
@@ -21,6 +24,7 @@ Against two references measured or computed in the same rounds:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import threading
 import time
@@ -56,6 +60,9 @@ class Shape:
 
 FULL = (Shape(256, 0.05, 1_000, 20), Shape(64, 0.01, 500, 20))
 QUICK = (Shape(256, 0.05, 200, 10), Shape(64, 0.01, 100, 10))
+#: The async runner: 1,000 fetches in flight, each awaiting 50 ms.
+ASYNC = Shape(1_000, 0.05, 1_000, 20)
+ASYNC_QUICK = Shape(1_000, 0.05, 1_000, 4)
 
 
 def waiting(latency: float) -> batch.Fetch[batch.Caller]:
@@ -69,12 +76,24 @@ def waiting(latency: float) -> batch.Fetch[batch.Caller]:
     return fetch
 
 
-def runner_rate(shape: Shape) -> float:
-    """Targets per second of a runner of ``shape.workers`` workers."""
+def waiting_async(latency: float) -> batch.Fetch[batch.Caller]:
+    """:func:`waiting` as an ``async def``: it awaits the latency."""
+
+    async def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
+        await asyncio.sleep(latency)
+        return {"ref": target.ref}
+
+    return fetch
+
+
+def runner_rate(shape: Shape, *, run_async: bool = False) -> float:
+    """Targets per second of a runner of ``shape.workers`` workers (or, with
+    an async fetch, that many fetches in flight on its event loop)."""
     work = [refs(j, shape.per_job) for j in range(shape.jobs)]
+    fetch = (waiting_async if run_async else waiting)(shape.latency)
     with (
         scratch() as path,
-        open_runner(path, waiting(shape.latency), workers=shape.workers) as (runner, tally),
+        open_runner(path, fetch, workers=shape.workers) as (runner, tally),
     ):
         return drain_rate(runner, tally, work, many=True)
 
@@ -99,9 +118,12 @@ def pool_rate(shape: Shape) -> float:
 
 
 def run(opts: Options) -> list[Row]:
-    """Each shape's runner against the pool and against the ideal."""
+    """Each shape's runner against the pool and against the ideal; the
+    async runner against the same ideal and the first shape's pool."""
     rows: list[Row] = []
-    for shape in QUICK if opts.quick else FULL:
+    shapes = QUICK if opts.quick else FULL
+    pools = []
+    for shape in shapes:
         rates = alternate(
             opts.rounds,
             {
@@ -128,6 +150,27 @@ def run(opts: Options) -> list[Row]:
                 Goal("ratio", ">=", 0.85),
             ),
         ]
+        pools.append(rates["pool"])
+    shape = ASYNC_QUICK if opts.quick else ASYNC
+    rates = alternate(opts.rounds, {"async": functools.partial(runner_rate, shape, run_async=True)})
+    ours = Series(f"async def fetch, {shape.jobs:,} jobs of {shape.per_job}", rates["async"])
+    rows += [
+        Figure(
+            "7",
+            f"async, {shape.workers:,} in flight x 50 ms vs ideal",
+            "/s",
+            ours,
+            Series("fetches in flight / latency", [shape.ideal] * len(rates["async"])),
+            Goal("ratio", ">=", 0.8),
+        ),
+        Figure(
+            "7",
+            f"  async vs thread pool, {shapes[0].workers} threads",
+            "/s",
+            ours,
+            Series(f"ThreadPoolExecutor({shapes[0].workers}), 50 ms", pools[0]),
+        ),
+    ]
     return rows
 
 

@@ -7,7 +7,9 @@ the jobs).
 
 - 100 jobs of 100 targets held live: every fetch blocks on an event, so 4
   targets are in flight and the rest pending. Bytes per live target. Then
-  the jobs are cancelled and the fetches released.
+  the jobs are cancelled and the fetches released. The same for one job of
+  100,000 targets (``Config.max_targets``' default): bytes per target
+  waiting its turn.
 - 2,000 jobs of 1 target held the same way: bytes per live job. Then the
   fetches are released and every job runs to its end.
 
@@ -97,21 +99,25 @@ class Bound:
 
 @dataclass(frozen=True, slots=True)
 class Sizes:
-    """The shape measured per live target, the one per live job, and the
+    """The shape measured per live target, one job as long as
+    ``Config.max_targets`` allows by default, the one per live job, and the
     runner under max_live."""
 
     many_targets: Shape
+    long_job: Shape
     many_jobs: Shape
     bound: Bound
 
 
 FULL = Sizes(
     many_targets=Shape(100, 100),
+    long_job=Shape(1, batch.Config().max_targets),
     many_jobs=Shape(2_000, 1),
     bound=Bound(max_live=1_000, waiting=1_000_000, few=30_000, stored=20_000),
 )
 QUICK = Sizes(
     many_targets=Shape(20, 50),
+    long_job=Shape(1, 10_000),
     many_jobs=Shape(200, 1),
     bound=Bound(max_live=100, waiting=20_000, few=3_000, stored=2_000),
 )
@@ -275,6 +281,7 @@ def run(opts: Options) -> list[Row]:
             {
                 "targets": lambda: runner_held(targets, cancel=True),
                 "targets pool": lambda: pool_held(targets.targets),
+                "long": lambda: runner_held(sizes.long_job, cancel=True),
                 "jobs": lambda: runner_held(jobs, cancel=False),
                 "jobs pool": lambda: pool_held(jobs.targets),
                 "many": lambda: bounded(many, bound),
@@ -324,6 +331,13 @@ def run(opts: Options) -> list[Row]:
             retained=False,
         ),
         figure("  retained once cancelled", "targets", Goal("max", "<", RETAINED), retained=True),
+        Figure(
+            "6",
+            f"per waiting target, 1 job of {sizes.long_job.per_job:,}",
+            "B",
+            Series("Runner, per target of one long job", [h.per_target for h in held["long"]]),
+            goal=Goal("median", "<", 1024),
+        ),
         figure(f"per live job, {jobs.jobs:,} x {jobs.per_job}", "jobs", None, retained=False),
         figure("  retained once they ended", "jobs", Goal("max", "<", RETAINED), retained=True),
     ]
