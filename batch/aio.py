@@ -12,7 +12,8 @@ store is never written from the loop, so no commit holds up a fetch.
 
 Close: no task starts once the runner is closed; the fetches in flight see
 their context cancelled, and what they return is recorded; the loop ends
-once none is left, and the writer once everything finished is recorded.
+once none is left (awaiting the fetch's ``aclose()`` if it has one), and
+the writer once everything finished is recorded.
 """
 
 from __future__ import annotations
@@ -64,13 +65,25 @@ class LoopSleeper(Sleeper):
 
 def serve(s: State[C], fetch: AsyncFetch[C]) -> None:
     """The loop thread: run fetches until the runner closes and none is in
-    flight. Should the runner's own bookkeeping fail, the loop ends and the
-    failure is logged (``statistics().workers`` shows 0)."""
+    flight; then, if the fetch has an ``aclose()`` (an HTTP client it keeps
+    open, say), await it on the loop its fetches ran on. Should the
+    runner's own bookkeeping fail, the loop ends and the failure is logged
+    (``statistics().workers`` shows 0)."""
     try:
-        asyncio.run(_serve(s, fetch))
+        asyncio.run(_serve_then_close(s, fetch))
     except BaseException:
         log.critical("the batch event loop ended on an error of the runner's own", exc_info=True)
         raise
+
+
+async def _serve_then_close(s: State[C], fetch: AsyncFetch[C]) -> None:
+    await _serve(s, fetch)
+    aclose = getattr(fetch, "aclose", None)
+    if callable(aclose):
+        try:
+            await aclose()
+        except Exception:  # the user's: logged, and the runner closes all the same
+            log.exception("the fetch's aclose() raised")
 
 
 async def _serve(s: State[C], fetch: AsyncFetch[C]) -> None:

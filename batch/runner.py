@@ -54,6 +54,12 @@ _OPEN: weakref.WeakSet[State[object]] = weakref.WeakSet()
 class Runner(Generic[C]):
     """Runs jobs (lists of targets) on worker threads, storing every outcome.
 
+    ``fetch`` may be an ``async def`` function (or an object whose
+    ``__call__`` is one): the runner then awaits it on one event loop of
+    its own, at most ``Config.workers`` fetches in flight, under the same
+    rules; if the object has an ``aclose()``, the runner awaits it on that
+    loop when it closes.
+
     Guarantees, for every job:
 
     1. Fairness: workers share one rotation of live jobs in submit order and

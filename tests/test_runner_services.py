@@ -518,3 +518,51 @@ def test_requeue_failed_refuses_what_it_cannot_requeue(db: store.Store, runner: 
         with pytest.raises(batch.JobNotFound):
             r.requeue_failed(ALICE, "nope")
         script.release("held")
+
+
+# -- an async fetch's own resources -----------------------------------------------
+
+
+def test_an_async_fetch_object_is_closed_on_the_runners_loop(db: store.Store) -> None:
+    """An object with an async __call__ and an aclose(): the fetches and the
+    aclose run on one loop, the runner's, and aclose once it closes."""
+
+    class Fetch:
+        def __init__(self) -> None:
+            self.loops: set[asyncio.AbstractEventLoop] = set()
+            self.closed_on: asyncio.AbstractEventLoop | None = None
+
+        async def __call__(
+            self, ctx: batch.Context, caller: batch.Caller, target: batch.Target
+        ) -> object:
+            self.loops.add(asyncio.get_running_loop())
+            return target.ref
+
+        async def aclose(self) -> None:
+            self.closed_on = asyncio.get_running_loop()
+
+    fetch = Fetch()
+    with batch.Runner(db, fetch, batch.Config(workers=3)) as r:
+        ids = r.submit_many(ALICE, [["a", "b"], ["c"], ["d"]])
+        assert [j.status for j in r.as_completed(ALICE, ids, TIMEOUT)] == ["done"] * 3
+        assert fetch.closed_on is None
+    (loop,) = fetch.loops
+    assert fetch.closed_on is loop
+
+
+def test_an_aclose_that_raises_is_logged_and_the_runner_closes(
+    db: store.Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Fetch:
+        async def __call__(
+            self, ctx: batch.Context, caller: batch.Caller, target: batch.Target
+        ) -> object:
+            return None
+
+        async def aclose(self) -> None:
+            raise OSError("socket already gone")
+
+    r = batch.Runner(db, Fetch())
+    r.close(timeout=TIMEOUT)
+    assert r.statistics().closed
+    assert "aclose() raised" in caplog.text
