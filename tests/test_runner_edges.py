@@ -11,7 +11,7 @@ import pytest
 
 import batch
 import store
-from tests.helpers import TIMEOUT, Recorder, Script, raising
+from tests.helpers import TIMEOUT, MakeRunner, Recorder, Script, raising
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -19,17 +19,10 @@ ALICE = batch.Caller("alice")
 BOB = batch.Caller("bob")
 
 
-def runner(
-    db: store.Store, fetch: object, hooks: batch.Hooks | None = None, **config: object
-) -> batch.Runner[batch.Caller]:
-    config.setdefault("retry_wait", 0.01)
-    return batch.Runner(db, fetch, batch.Config(**config), hooks)  # type: ignore[arg-type]
-
-
 # -- close -----------------------------------------------------------------
 
 
-def test_close_cancels_a_fetch_waiting_on_its_context(db: store.Store) -> None:
+def test_close_cancels_a_fetch_waiting_on_its_context(db: store.Store, runner: MakeRunner) -> None:
     """close() cancels the context a fetch waits on, stores what that fetch
     returns, starts nothing more, and leaves the rest pending and live."""
     started = threading.Event()
@@ -60,7 +53,9 @@ def test_close_cancels_a_fetch_waiting_on_its_context(db: store.Store) -> None:
     )
 
 
-def test_close_ends_a_job_whose_last_target_was_in_flight(db: store.Store) -> None:
+def test_close_ends_a_job_whose_last_target_was_in_flight(
+    db: store.Store, runner: MakeRunner
+) -> None:
     """A job whose last target returns during close still ends by rule 3, and
     a waiter sees it end."""
     started = threading.Event()
@@ -77,7 +72,7 @@ def test_close_ends_a_job_whose_last_target_was_in_flight(db: store.Store) -> No
     assert r.wait(ALICE, job_id, TIMEOUT).status == "done"
 
 
-def test_close_with_a_timeout_reports_a_stuck_fetch(db: store.Store) -> None:
+def test_close_with_a_timeout_reports_a_stuck_fetch(db: store.Store, runner: MakeRunner) -> None:
     """close(timeout) raises TimeoutError while a fetch ignores its context;
     a later close() waits for it."""
     release = threading.Event()
@@ -97,7 +92,7 @@ def test_close_with_a_timeout_reports_a_stuck_fetch(db: store.Store) -> None:
     r.close()
 
 
-def test_wait_times_out(db: store.Store) -> None:
+def test_wait_times_out(db: store.Store, runner: MakeRunner) -> None:
     script = Script()
     script.hold("x")
     with runner(db, script) as r:
@@ -111,14 +106,16 @@ def test_wait_times_out(db: store.Store) -> None:
 @pytest.mark.parametrize(
     ("timeout", "error"), [(-1, ValueError), (float("nan"), ValueError), ("5", TypeError)]
 )
-def test_wait_refuses_a_bad_timeout(db: store.Store, timeout: object, error: type) -> None:
+def test_wait_refuses_a_bad_timeout(
+    db: store.Store, timeout: object, error: type, runner: MakeRunner
+) -> None:
     with runner(db, Script()) as r:
         job_id = r.submit(ALICE, ["x"])
         with pytest.raises(error, match="timeout"):
             r.wait(ALICE, job_id, timeout)  # type: ignore[arg-type]
 
 
-def test_wait_takes_a_huge_timeout(db: store.Store) -> None:
+def test_wait_takes_a_huge_timeout(db: store.Store, runner: MakeRunner) -> None:
     with runner(db, Script()) as r:
         assert r.wait(ALICE, r.submit(ALICE, ["x"]), 1e300).status == "done"
 
@@ -127,7 +124,10 @@ def test_wait_takes_a_huge_timeout(db: store.Store) -> None:
 
 
 def test_a_store_write_that_fails_is_retried_and_loses_no_worker(
-    db: store.Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    db: store.Store,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    runner: MakeRunner,
 ) -> None:
     """A target outcome the store refuses (locked, disk full) is written again
     with backoff until the store takes it: fetched once, stored once; the
@@ -151,7 +151,10 @@ def test_a_store_write_that_fails_is_retried_and_loses_no_worker(
 
 
 def test_close_returns_while_the_store_refuses_writes(
-    db: store.Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    db: store.Store,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    runner: MakeRunner,
 ) -> None:
     """A store that refuses every write does not hold close(): the outcome is
     dropped, the target stays pending (and the job live) for the next runner."""
@@ -174,7 +177,9 @@ def test_close_returns_while_the_store_refuses_writes(
 # -- eviction --------------------------------------------------------------
 
 
-def test_eviction_removes_oldest_terminal_jobs_and_keeps_live_ones(db: store.Store) -> None:
+def test_eviction_removes_oldest_terminal_jobs_and_keeps_live_ones(
+    db: store.Store, runner: MakeRunner
+) -> None:
     """Past max_bytes, the least recently touched terminal jobs go first; a
     live job is never evicted; touch moves a job to the back of the line."""
     script = Script()
@@ -197,7 +202,7 @@ def test_eviction_removes_oldest_terminal_jobs_and_keeps_live_ones(db: store.Sto
     assert db.total_bytes() == 32
 
 
-def test_live_jobs_survive_a_budget_they_alone_exceed(db: store.Store) -> None:
+def test_live_jobs_survive_a_budget_they_alone_exceed(db: store.Store, runner: MakeRunner) -> None:
     """A live job is never evicted; once it ends, the budget holds again in
     the same commit."""
     script = Script()
@@ -217,7 +222,7 @@ def test_live_jobs_survive_a_budget_they_alone_exceed(db: store.Store) -> None:
 # -- ownership -------------------------------------------------------------
 
 
-def test_another_callers_job_looks_unknown(db: store.Store) -> None:
+def test_another_callers_job_looks_unknown(db: store.Store, runner: MakeRunner) -> None:
     """Status, touch and wait on another caller's job raise the same error, with
     the same message, as on an id that does not exist."""
     with runner(db, Script()) as r:
@@ -251,7 +256,7 @@ def test_another_callers_job_looks_unknown(db: store.Store) -> None:
     ],
 )
 def test_bad_target_lists_are_refused_and_store_nothing(
-    db: store.Store, targets: object, message: str
+    db: store.Store, targets: object, message: str, runner: MakeRunner
 ) -> None:
     hooks = Recorder()
     with runner(db, Script(), hooks, max_targets=10) as r:
@@ -264,7 +269,7 @@ def test_bad_target_lists_are_refused_and_store_nothing(
 
 
 @pytest.mark.parametrize("caller", [object(), batch.Caller.__new__(batch.Caller), 5])
-def test_a_caller_needs_a_string_id(db: store.Store, caller: object) -> None:
+def test_a_caller_needs_a_string_id(db: store.Store, caller: object, runner: MakeRunner) -> None:
     with runner(db, Script()) as r, pytest.raises(TypeError, match="non-empty str attribute 'id'"):
         r.submit(caller, ["x"])  # type: ignore[arg-type]
 
@@ -274,12 +279,12 @@ def test_caller_with_empty_id_is_refused() -> None:
         batch.Caller("")
 
 
-def test_job_id_must_be_a_string(db: store.Store) -> None:
+def test_job_id_must_be_a_string(db: store.Store, runner: MakeRunner) -> None:
     with runner(db, Script()) as r, pytest.raises(TypeError, match="job id is a str"):
         r.status(ALICE, 12)  # type: ignore[arg-type]
 
 
-def test_a_job_id_that_cannot_exist_is_unknown(db: store.Store) -> None:
+def test_a_job_id_that_cannot_exist_is_unknown(db: store.Store, runner: MakeRunner) -> None:
     with runner(db, Script()) as r:
         for call in (r.status, r.touch, r.wait):
             with pytest.raises(batch.JobNotFound):
@@ -287,7 +292,7 @@ def test_a_job_id_that_cannot_exist_is_unknown(db: store.Store) -> None:
         assert r.cancel(ALICE, "\udcff") is False
 
 
-def test_a_caller_id_that_cannot_be_stored_is_refused(db: store.Store) -> None:
+def test_a_caller_id_that_cannot_be_stored_is_refused(db: store.Store, runner: MakeRunner) -> None:
     with runner(db, Script()) as r, pytest.raises(TypeError, match="non-empty str"):
         r.submit(batch.Caller.__new__(batch.Caller), ["x"])
     with pytest.raises(TypeError):
@@ -349,7 +354,9 @@ def test_readme_example_runs_to_done(tmp_path: Path) -> None:
 # -- the wait an upstream asks for (RetryLater.after) ---------------------------
 
 
-def test_retry_later_after_holds_the_next_try_back_that_long(db: store.Store) -> None:
+def test_retry_later_after_holds_the_next_try_back_that_long(
+    db: store.Store, runner: MakeRunner
+) -> None:
     """A busy upstream that says how long to wait is not asked again sooner,
     even when retry_wait is shorter."""
     tries: list[float] = []
@@ -366,7 +373,9 @@ def test_retry_later_after_holds_the_next_try_back_that_long(db: store.Store) ->
     assert tries[1] - tries[0] >= 0.2
 
 
-def test_retry_later_after_past_retry_for_fails_at_once(db: store.Store) -> None:
+def test_retry_later_after_past_retry_for_fails_at_once(
+    db: store.Store, runner: MakeRunner
+) -> None:
     """Waiting as long as the upstream asks would outlast retry_for: the
     target fails now, with a hint saying so, instead of holding its job."""
     script = Script()
@@ -390,7 +399,7 @@ def test_retry_later_refuses_a_bad_after(after: object, error: type[Exception]) 
 
 
 def test_a_cancelled_job_whose_outcome_is_dropped_at_close_leaves(
-    db: store.Store, monkeypatch: pytest.MonkeyPatch
+    db: store.Store, monkeypatch: pytest.MonkeyPatch, runner: MakeRunner
 ) -> None:
     """A job cancelled with its target in flight, whose outcome the store
     then refuses until close drops it, still leaves the rotation: it is
