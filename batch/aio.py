@@ -2,10 +2,11 @@
 that records what they return.
 
 An async runner has no worker threads. One thread runs an event loop of
-its own (:func:`serve`): it takes jobs from the rotation as the worker
-threads would (``worker.take``: the same order, one target in flight per
-job), starts a task for each, at most ``Config.workers`` at once, and
-sleeps while none can start, woken like an idle worker (``batch.idle``).
+its own (:func:`serve`) with ``Config.workers`` coroutines (:class:`Workers`)
+that do what worker threads do: take jobs from the rotation
+(``worker.take``: the same order, one target in flight per job), await
+their fetch, hand over the outcome; one with nothing to take parks, and the
+loop is woken like an idle worker (``batch.idle``).
 A fetch's outcome joins ``finished`` as a worker's would, and one more
 thread (:func:`write`) records them in batches (``commit.record``): the
 store is never written from the loop, so no commit holds up a fetch.
@@ -19,11 +20,11 @@ the writer once everything finished is recorded.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
+import collections
 import logging
+import threading
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 from . import commit, worker
 from .attempt import attempt_async
@@ -34,7 +35,7 @@ from .model import Target
 from .rotation import LiveJob
 from .state import State
 
-__all__ = ["AsyncFetch", "serve", "write"]
+__all__ = ["AsyncFetch", "Workers", "serve", "write"]
 
 log = logging.getLogger("batch")
 
@@ -48,19 +49,117 @@ AsyncFetch = Callable[[Context, C, Target], Awaitable[object]]
 STEPPED_CLOCK_POLL = 0.002
 
 
+class Workers(Generic[C]):
+    """``Config.workers`` coroutines on the runner's event loop, each doing
+    what a worker thread does: take a job, await its fetch, hand over the
+    outcome, take the next. One that finds no job parks on a future of its
+    own (``parked``).
+
+    Among the runner's idle workers (``State.idle``) the loop counts as one
+    sleeper, registered whenever coroutines are parked: a wake (a job can
+    start, a renewal, close) resumes one parked coroutine, and one that
+    takes a job while another can start wakes the loop's sleeper again
+    (``State.pass_on``), as a worker thread wakes the next. The loop's
+    sleeper keeps the retry timer as a thread would, with a timer of the
+    loop's. Everything here but ``_wake`` runs on the loop.
+    """
+
+    def __init__(self, s: State[C], fetch: AsyncFetch[C]) -> None:
+        self.s = s
+        self.fetch = fetch
+        self.loop = asyncio.get_running_loop()
+        self.thread = threading.get_ident()
+        self.parked: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.sleeper = LoopSleeper(self)
+        self.asleep = False  # the sleeper is in s.idle (guarded by the runner's lock)
+        self.timer: asyncio.TimerHandle | None = None
+
+    async def run(self) -> None:
+        """Run the coroutines until the runner closes and none has a fetch."""
+        await asyncio.gather(*(self._work() for _ in range(self.s.config.workers)))
+
+    async def _work(self) -> None:
+        s = self.s
+        job: LiveJob[C] | None = None
+        outcome = None
+        while True:
+            with s.lock:
+                if job is not None and outcome is not None:
+                    commit.finished(s, job, outcome)
+                    s.writes.notify()
+                job = None if s.closed else worker.take(s)
+                if job is None:
+                    if s.closed:
+                        return
+                    park = self.loop.create_future()
+                    self.parked.append(park)
+                    self._sleep()
+            if job is None:
+                await park
+                continue
+            outcome = await attempt_async(self.fetch, job.ctx, job.caller, job.targets[job.next])
+
+    def _sleep(self) -> None:
+        """Coroutines are parked: the loop's sleeper joins the idle workers,
+        keeping the retry timer if it is the first to need it. Lock held."""
+        if self.asleep:
+            return
+        s = self.s
+        self.asleep = True
+        timeout = s.idle.nap(self.sleeper, s.clock.monotonic(), worker.retry_in(s))
+        if timeout is not None:
+            if s.clock is not SYSTEM:
+                timeout = min(timeout, STEPPED_CLOCK_POLL)
+            self.timer = self.loop.call_later(timeout, self._woke)
+
+    def _wake(self) -> None:
+        """The sleeper was woken, from any thread (the lock held there): by
+        a coroutine that took a job while another can start, on the loop
+        itself, or by the writer, the keeper, a caller."""
+        if threading.get_ident() == self.thread:
+            self.loop.call_soon(self._woke)
+        else:
+            self.loop.call_soon_threadsafe(self._woke)
+
+    def _woke(self) -> None:
+        """On the loop, once woken or timed out: leave the idle workers and
+        resume one parked coroutine (all of them once the runner closes)."""
+        s = self.s
+        with s.lock:
+            if self.asleep:
+                self.asleep = False
+                s.idle.woke(self.sleeper, worker.retry_in(s) is not None)
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            if s.closed:
+                while self.parked:
+                    self._resume()
+            else:
+                self._resume()
+                if self.parked:
+                    self._sleep()  # the others stay within reach of a wake
+
+    def _resume(self) -> None:
+        """Resume the parked coroutine parked last (its frame is warm)."""
+        while self.parked:
+            park = self.parked.pop()
+            if not park.done():
+                park.set_result(None)
+                return
+
+
 class LoopSleeper(Sleeper):
-    """The event loop's place among the idle workers: a wake sets its event
-    from whatever thread wakes it."""
+    """The event loop's place among the idle workers."""
 
-    __slots__ = ("event", "loop")
+    __slots__ = ("workers",)
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, workers: Workers[Any]) -> None:
         super().__init__()
-        self.loop = loop
-        self.event = asyncio.Event()
+        self.workers = workers
 
     def wake(self) -> None:
-        self.loop.call_soon_threadsafe(self.event.set)
+        self.workers._wake()
 
 
 def serve(s: State[C], fetch: AsyncFetch[C]) -> None:
@@ -70,75 +169,20 @@ def serve(s: State[C], fetch: AsyncFetch[C]) -> None:
     runner's own bookkeeping fail, the loop ends and the failure is logged
     (``statistics().workers`` shows 0)."""
     try:
-        asyncio.run(_serve_then_close(s, fetch))
+        asyncio.run(_serve(s, fetch))
     except BaseException:
         log.critical("the batch event loop ended on an error of the runner's own", exc_info=True)
         raise
 
 
-async def _serve_then_close(s: State[C], fetch: AsyncFetch[C]) -> None:
-    await _serve(s, fetch)
+async def _serve(s: State[C], fetch: AsyncFetch[C]) -> None:
+    await Workers(s, fetch).run()
     aclose = getattr(fetch, "aclose", None)
     if callable(aclose):
         try:
             await aclose()
         except Exception:  # the user's: logged, and the runner closes all the same
             log.exception("the fetch's aclose() raised")
-
-
-async def _serve(s: State[C], fetch: AsyncFetch[C]) -> None:
-    sleeper = LoopSleeper(asyncio.get_running_loop())
-    tasks: set[asyncio.Task[None]] = set()
-    while True:
-        sleeper.event.clear()
-        with s.lock:
-            jobs: list[LiveJob[C]] = []
-            while not s.closed and len(tasks) + len(jobs) < s.config.workers:
-                job = worker.take(s)
-                if job is None:
-                    break
-                jobs.append(job)
-            if s.closed and not tasks and not jobs:
-                return
-            idle = not s.closed and len(tasks) + len(jobs) < s.config.workers
-            timeout = s.idle.nap(sleeper, s.clock.monotonic(), worker.retry_in(s)) if idle else None
-        for job in jobs:
-            task = asyncio.create_task(_one(s, fetch, job))
-            tasks.add(task)
-            task.add_done_callback(functools.partial(_ended, tasks, sleeper))
-        try:
-            await _sleep(sleeper, s, timeout)
-        finally:
-            if idle:
-                with s.lock:
-                    s.idle.woke(sleeper, worker.retry_in(s) is not None)
-
-
-def _ended(tasks: set[asyncio.Task[None]], sleeper: LoopSleeper, task: asyncio.Task[None]) -> None:
-    """A fetch's task ended: room for another."""
-    tasks.discard(task)
-    sleeper.event.set()
-
-
-async def _sleep(sleeper: LoopSleeper, s: State[C], timeout: float | None) -> None:
-    """Until woken (a job can start, a task ended, the runner closes), or
-    ``timeout`` seconds of the runner's clock pass."""
-    if timeout is not None and s.clock is not SYSTEM:
-        timeout = min(timeout, STEPPED_CLOCK_POLL)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(sleeper.event.wait(), timeout)
-
-
-async def _one(s: State[C], fetch: AsyncFetch[C], job: LiveJob[C] | None) -> None:
-    """Fetch ``job``'s next target; its outcome joins ``finished``. Then,
-    as a worker thread would, take the next job that can start, if any,
-    and fetch its target in turn: a task goes on while there is work."""
-    while job is not None:
-        outcome = await attempt_async(fetch, job.ctx, job.caller, job.targets[job.next])
-        with s.lock:
-            commit.finished(s, job, outcome)
-            s.writes.notify()
-            job = None if s.closed else worker.take(s)
 
 
 def write(s: State[C]) -> None:
