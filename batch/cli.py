@@ -1,261 +1,138 @@
-"""The command line: ``python -m batch demo|fetch|jobs|status|targets``.
+"""The command line: ``python -m batch demo|fetch|jobs|status|targets|cancel|wait|requeue``
+(also installed as ``batch-runner``).
 
 - ``demo``: a local server and five jobs of two callers, shown as they run.
 - ``fetch FILE|-``: fetch the URLs listed in FILE (one per line; blank lines
-  and ``#`` comments skipped), as one job, or one job per host
-  (``--per-host``: each host gets one request at a time, the hosts take
-  turns). Results go to the store; ``--save DIR`` keeps the bodies.
-- ``jobs``, ``status JOB``, ``targets JOB``: read a store, never write it.
-  ``--json`` prints one JSON object per line (per job, per target), with the
-  same keys every time. A job id may be shortened to any prefix that only
-  that job's id starts with (tables show 12 characters).
+  and ``#`` comments skipped). One job per host by default: each host gets
+  one request at a time, and the hosts take turns on the workers;
+  ``--per-host N`` deals each host's URLs among N jobs (N at once per
+  host); ``--in-order`` makes the list one job, fetched in its order.
+  Results go to the store; ``--save DIR`` keeps the bodies.
+- ``requeue JOB``: fetch the failed URLs of a job again, as a new job.
+- ``jobs``, ``status JOB``, ``targets JOB``, ``wait JOB``: read a store,
+  never write it. ``cancel JOB``: cancel a live job, whichever process runs
+  it. A job id may be shortened to any prefix only that job's id starts
+  with (tables show 12 characters).
 
-The store is ``--db``, else ``$BATCH_DB``, else ``batch.sqlite3``. Exit
-status: 0 success; 1 a job ended ``failed`` or ``partial`` (``status`` says
-so too), or the command could not do its work (missing file, unusable store,
-unknown job); 2 bad usage or input; 130 interrupted. Each error is one line on
-stderr, starting ``batch: ``.
+The store is ``--db`` (before or after the command), else ``$BATCH_DB``,
+else ``batch.sqlite3``. ``--json``: one JSON object per line (see
+``store.console``). Exit status: 0 success; 1 a job ended ``failed`` or
+``partial``, or the command could not do its work; 2 bad usage or input;
+3 no such job; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM). Each
+error is one line on stderr.
 
-Ctrl-C during ``fetch`` or ``demo`` cancels every live job, waits for the
-targets in flight to be stored, and exits 130; a second Ctrl-C exits at once
-(what was in flight then stays pending).
+Ctrl-C or SIGTERM during ``fetch``, ``requeue`` or ``demo`` cancels every
+live job, stores the targets in flight (an unfinished download leaves no
+file behind), and exits; a second one exits at once (what was in flight
+then stays pending, for the next runner). A reader that goes away (``fetch
+--json | head``) stops a fetch the same way, quietly.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import getpass
 import json
-import logging
-import math
 import os
 import re
-import signal
 import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
-from types import FrameType
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import store
+from store.console import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    BadInput,
+    Failure,
+    Missing,
+    Output,
+    Parser,
+    add_db,
+    bytes_size,
+    count,
+    moment,
+    run,
+    seconds,
+    size,
+    stopping,
+    table,
+)
 
 from . import demo, web
-from .errors import BatchError, InvalidJob
+from .errors import InvalidJob, JobNotFound
 from .model import Config, Target
-from .progress import SHORT_ID, JobCaller, LiveRun, summary, table
+from .progress import SHORT_ID, JobCaller, LiveRun, summary
 
-__all__ = ["main"]
+__all__ = ["console_main", "main"]
 
-T = TypeVar("T")
-
+BATCH_DB = "BATCH_DB"
+DEFAULT_DB = "batch.sqlite3"
 JOB_STATUSES = ("queued", "running", "done", "failed", "partial", "cancelled")
+#: Seconds between looks at the store by ``wait``.
+WAIT_POLL = 0.1
 
 
-class Failure(Exception):
-    """The command could not do its work: exit 1, the message on stderr."""
-
-    code = 1
-
-
-class BadInput(Failure):
-    """What the command was given cannot be used: exit 2."""
-
-    code = 2
-
-
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m batch") -> int:
     """Run one command; return the exit status."""
-    _log_in_one_line()
-    args = _parser().parse_args(argv)
-    try:
-        code: int = args.command(args)
-    except Failure as e:
-        return _fail(str(e), e.code)
-    except (store.StoreError, BatchError) as e:
-        return _fail(str(e), 1)
-    except KeyboardInterrupt:
-        return _fail("interrupted", 130)
-    except BrokenPipeError:
-        # The reader went away (`| head`): nothing left to say, nor anyone to say it to.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except OSError as e:
-        where = f": {e.filename}" if e.filename else ""
-        return _fail(f"{e.strerror or e}{where}", 1)
-    return code
+    name = "batch" if prog.startswith("python") else prog
+    return run(name, _parser(prog), argv, not_found=(JobNotFound,))
 
 
-class _OneLine(logging.Formatter):
-    """A log record as one line: its message and the exception's text, never a traceback."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = record.getMessage()
-        exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None:
-            text += f" ({type(exc).__name__}: {exc})"
-        return "batch: " + " ".join(text.splitlines())
+def console_main() -> int:
+    """The ``batch-runner`` command."""
+    return main(prog="batch-runner")
 
 
-def _log_in_one_line() -> None:
-    """Show what the library logs (a store refusing a write, a fetch that
-    raised) as the other messages are: one line each on stderr."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(_OneLine())
-    for name in ("batch", "store"):
-        logger = logging.getLogger(name)
-        if not logger.handlers:
-            logger.addHandler(handler)
-            logger.propagate = False
+# -- running jobs: demo, fetch, requeue --------------------------------------------------
 
 
-def _fail(message: str, code: int) -> int:
-    _say(message)
-    return code
-
-
-def _say(message: str) -> None:
-    print(f"batch: {message}", file=sys.stderr, flush=True)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        """One line, not the usage and the error: every error here is one line."""
-        self.exit(2, f"batch: {message} (see {self.prog} --help)\n")
-
-
-def _parser() -> _Parser:
-    db = _Parser(add_help=False)
-    db.add_argument(
-        "--db",
-        default=os.environ.get("BATCH_DB") or "batch.sqlite3",
-        help="the store: a file, or a postgresql:// URL (default: $BATCH_DB, else batch.sqlite3)",
-    )
-    as_json = _Parser(add_help=False)
-    as_json.add_argument("--json", action="store_true", help="print JSON lines for scripts")
-
-    parser = _Parser(prog="python -m batch", description="Run and inspect batch jobs.")
-    commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
-
-    p = commands.add_parser("demo", help="watch a local demo run (a few seconds)")
-    p.add_argument(
-        "--db", help="the store: a file, or a postgresql:// URL (default: a new file, kept)"
-    )
-    p.set_defaults(command=_demo)
-
-    p = commands.add_parser("fetch", parents=[db, as_json], help="fetch the URLs listed in FILE")
-    p.add_argument("file", metavar="FILE", help="URLs, one per line; - reads standard input")
-    p.add_argument("--per-host", action="store_true", help="one job per host, taking turns")
-    p.add_argument("--save", metavar="DIR", help="save each body in DIR (created if missing)")
-    p.add_argument("--caller", type=_text, default=_user(), help="whose jobs (default: you)")
-    defaults = Config()
-    p.add_argument("--workers", type=_count, default=defaults.workers, help="fetches at once")
-    p.add_argument(
-        "--retry-wait",
-        type=_seconds,
-        default=defaults.retry_wait,
-        metavar="S",
-        help="wait before asking a busy host again (or what its Retry-After says)",
-    )
-    p.add_argument(
-        "--retry-for",
-        type=_seconds,
-        default=defaults.retry_for,
-        metavar="S",
-        help="give up on a URL still busy after this long",
-    )
-    p.add_argument(
-        "--max-bytes",
-        type=_bytes,
-        default=defaults.max_bytes,
-        help="stored bytes past which the oldest ended jobs are evicted",
-    )
-    p.add_argument(
-        "--timeout",
-        type=_positive_seconds,
-        default=30.0,
-        metavar="S",
-        help="longest wait to connect, or for more of an answer",
-    )
-    p.set_defaults(command=_fetch)
-
-    p = commands.add_parser("jobs", parents=[db, as_json], help="list the stored jobs")
-    p.add_argument("--caller", type=_text, help="only this caller's jobs")
-    p.add_argument("--status", choices=JOB_STATUSES, help="only jobs in this status")
-    p.set_defaults(command=_jobs)
-
-    p = commands.add_parser("status", parents=[db, as_json], help="one job's summary")
-    p.add_argument("job", metavar="JOB", help="a job id, or a unique prefix of one")
-    p.set_defaults(command=_status)
-
-    p = commands.add_parser("targets", parents=[db, as_json], help="one job's targets")
-    p.add_argument("job", metavar="JOB", help="a job id, or a unique prefix of one")
-    p.set_defaults(command=_targets)
-    return parser
-
-
-# -- argument types ----------------------------------------------------------------
-
-
-def _typed(kind: Callable[[str], T], what: str, ok: Callable[[T], bool]) -> Callable[[str], T]:
-    """An argparse ``type``: ``kind(text)`` if that works and is ``ok``, else
-    an error saying ``what`` was expected."""
-
-    def parse(text: str) -> T:
-        try:
-            value = kind(text)
-        except ValueError:
-            pass
-        else:
-            if ok(value):
-                return value
-        raise argparse.ArgumentTypeError(f"expected {what}, not {text!r}")
-
-    return parse
-
-
-_count = _typed(int, "a whole number >= 1", lambda n: n >= 1)
-_bytes = _typed(int, "a whole number of bytes >= 0", lambda n: n >= 0)
-_seconds = _typed(float, "seconds >= 0", lambda s: math.isfinite(s) and s >= 0)
-_positive_seconds = _typed(float, "seconds > 0", lambda s: math.isfinite(s) and s > 0)
-_text = _typed(str, "printable text", lambda t: bool(t.strip()) and t.isprintable())
-
-
-def _user() -> str:
-    """Who runs this, for ``--caller``: the login name, else ``batch``."""
-    try:
-        return getpass.getuser() or "batch"
-    except (OSError, KeyError):  # no name for this uid (a bare container)
-        return "batch"
-
-
-# -- demo and fetch -----------------------------------------------------------
-
-
-def _demo(args: argparse.Namespace) -> int:
+def _demo(args: argparse.Namespace) -> Output:
+    """Watch a local demo run (a few seconds)."""
     path = args.db or os.path.join(tempfile.mkdtemp(prefix="batch-demo-"), "jobs.sqlite3")
     site = demo.Site()
     fetch = web.Fetcher(timeout=10.0, proxies={})  # the server is local: never via a proxy
-    with _sigint() as interrupted, demo.serving(site) as base, store.open(path) as db:
-        with LiveRun(db, fetch, demo.CONFIG, sys.stdout) as run:
+    with stopping() as stop, demo.serving(site) as base, store.open(path) as db:
+        with LiveRun(db, fetch, demo.CONFIG, sys.stdout) as live:
             jobs = {
-                name: run.submit(caller, name, [base + p for p in paths])
+                name: live.submit(caller, name, [base + p for p in paths])
                 for caller, name, paths in demo.JOBS
             }
-            with demo.cancelling(site, run, jobs[demo.CANCEL_JOB]):
-                stopped = _follow(run, interrupted)
+            with demo.cancelling(site, live, jobs[demo.CANCEL_JOB]):
+                stopped = _follow(live, stop)
         print()
-        summary(sys.stdout, run)
+        summary(sys.stdout, live)
     print(site.report())
     print(f"store: {path}")
-    return 130 if stopped else 0
+    return Output(None, "", _stopped_status(stopped) if stopped else 0)
 
 
-def _fetch(args: argparse.Namespace) -> int:
+def _fetch(args: argparse.Namespace) -> Output:
+    """Fetch the URLs listed in FILE."""
     urls = _read_urls(args.file)
-    jobs = _by_host(urls) if args.per_host else [(_label(args.file), urls)]
+    jobs = [(_label(args.file), urls)] if args.in_order else _by_host(urls, args.per_host)
+    return _run_urls(args, jobs)
+
+
+def _requeue(args: argparse.Namespace) -> Output:
+    """Fetch the failed URLs of JOB again, as a new job."""
+    with store.open(args.db, readonly=True) as db:
+        job = _find(db, args.job)
+    failed = [t.ref for t in job.targets if t.status == "failed"]
+    if job.status in ("queued", "running"):
+        raise Failure(f"job {job.id[:SHORT_ID]} is still {job.status}: requeue it once it ended")
+    if not failed:
+        raise Failure(f"job {job.id[:SHORT_ID]} has no failed target")
+    return _run_urls(args, [(f"again: {job.name or job.id[:SHORT_ID]}", failed)])
+
+
+def _run_urls(args: argparse.Namespace, jobs: list[tuple[str, list[str]]]) -> Output:
+    """Run ``jobs`` (name, URLs) to their end, showing them; the summary
+    after, or each target as a JSON line while they run."""
     config = Config(
         workers=args.workers,
         retry_wait=args.retry_wait,
@@ -265,63 +142,79 @@ def _fetch(args: argparse.Namespace) -> int:
     )
     fetch = web.Fetcher(timeout=args.timeout, save_dir=_save_dir(args.save))
     out = sys.stderr if args.json else sys.stdout
-    with _sigint() as interrupted, store.open(args.db) as db:
-        with LiveRun(db, fetch, config, out, on_target=_print_json if args.json else None) as run:
-            for label, refs in jobs:
-                run.submit(args.caller, label, refs)
-            stopped = _follow(run, interrupted)
+    printer = _JsonLines() if args.json else None
+    with stopping() as stop, store.open(args.db) as db:
+        with LiveRun(db, fetch, config, out, on_target=printer) as live:
+            for name, refs in jobs:
+                live.submit(args.caller, name, refs)
+            stopped = _follow(live, stop, lambda: printer is not None and printer.gone)
         if not args.json:
             print()
-            summary(sys.stdout, run)
+            summary(sys.stdout, live)
             print(f"store: {db.path}")
+    if stopped == "gone":
+        return Output(None, "")  # the reader went away: it has what it wanted
     if stopped:
-        return 130
-    return 1 if any(run.status(job) in ("failed", "partial") for job in run.jobs) else 0
+        return Output(None, "", _stopped_status(stopped))
+    ended_badly = any(live.status(job) in ("failed", "partial") for job in live.jobs)
+    return Output(None, "", EXIT_FAILED if ended_badly else 0)
 
 
-@contextlib.contextmanager
-def _sigint() -> Iterator[Callable[[], bool]]:
-    """Turn the first Ctrl-C into a flag the block looks at (it can then stop
-    cleanly); a second one raises ``KeyboardInterrupt`` as usual. Yields the
-    flag's getter. An ignored SIGINT (a background job) stays ignored."""
-    seen = False
+class _JsonLines:
+    """Prints each stored target as a JSON line; notes a reader gone away."""
 
-    def first(signum: int, frame: FrameType | None) -> None:
-        # A handler must not take a lock its thread may hold (Event.set would):
-        # it only sets a flag, which the loop that follows the jobs reads.
-        nonlocal seen
-        seen = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    def __init__(self) -> None:
+        self.gone = False
 
-    previous = signal.getsignal(signal.SIGINT)
-    if previous == signal.SIG_IGN:
-        yield lambda: False
-        return
-    signal.signal(signal.SIGINT, first)
-    try:
-        yield lambda: seen
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _follow(run: LiveRun, interrupted: Callable[[], bool]) -> bool:
-    """Follow ``run`` to its end; if interrupted first, cancel its live jobs,
-    say so, and return True."""
-    if not run.follow(interrupted):
-        return False
-    cancelled = run.cancel()
-    inflight = run.runner.statistics().inflight
-    _say(f"interrupted: cancelled {cancelled} job(s); storing the {inflight} target(s) in flight")
-    return True
+    def __call__(self, job: JobCaller, target: store.TargetRow) -> None:
+        if self.gone:
+            return
+        line: dict[str, Any] = {
+            "id": job.job,
+            "job_id": job.job,
+            "name": job.label,
+            "pos": target.pos,
+            "ref": target.ref,
+            "status": target.status,
+        }
+        if target.result is not None:
+            line["result"] = json.loads(target.result)
+        else:
+            line.update(error=target.error, hint=target.hint)
+        try:
+            print(json.dumps(line), flush=True)
+        except BrokenPipeError:
+            self.gone = True
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _print_json(job: JobCaller, target: store.TargetRow) -> None:
-    line: dict[str, Any] = {"url": target.ref, "status": target.status, "job": job.job}
-    if target.result is not None:
-        line["result"] = json.loads(target.result)
-    else:
-        line.update(error=target.error, hint=target.hint)
-    print(json.dumps(line), flush=True)
+def _follow(
+    live: LiveRun, stop: Callable[[], str | None], gone: Callable[[], bool] = lambda: False
+) -> str | None:
+    """Follow ``live`` to its end; if stopped first (a signal, a reader gone),
+    cancel its live jobs, store what is in flight, say so, and return why."""
+
+    def why() -> str | None:
+        return "gone" if gone() else stop()
+
+    if not live.follow(lambda: why() is not None):
+        return None
+    reason = why()
+    cancelled = live.cancel()
+    inflight = live.runner.statistics().inflight
+    live.close()  # the board's last lines go before the message, which stays on screen
+    if reason != "gone":
+        print(
+            f"batch: {reason}: cancelled {cancelled} job(s); stored the {inflight} target(s)"
+            " in flight",
+            file=sys.stderr,
+            flush=True,
+        )
+    return reason
+
+
+def _stopped_status(reason: str) -> int:
+    return EXIT_TERMINATED if reason == "terminated" else EXIT_INTERRUPTED
 
 
 def _read_urls(source: str) -> list[str]:
@@ -365,15 +258,20 @@ def _url(text: str, where: str) -> str:
     return text
 
 
-def _by_host(urls: list[str]) -> list[tuple[str, list[str]]]:
+def _by_host(urls: list[str], per_host: int) -> list[tuple[str, list[str]]]:
     """The URLs grouped by host name (any port; ``file`` URLs apart), hosts
-    in first-seen order."""
+    in first-seen order; each host's URLs dealt among ``per_host`` jobs,
+    in turn, so that as many of its requests run at once."""
     hosts: dict[str, list[str]] = {}
     for url in urls:
         parts = urllib.parse.urlsplit(url)
-        host = "file" if parts.scheme == "file" else parts.hostname or ""
-        hosts.setdefault(host, []).append(url)
-    return list(hosts.items())
+        hosts.setdefault("file" if parts.scheme == "file" else parts.hostname or "", []).append(url)
+    jobs = []
+    for host, refs in hosts.items():
+        n = min(per_host, len(refs))
+        for k in range(n):
+            jobs.append((host if n == 1 else f"{host} {k + 1}/{n}", refs[k::n]))
+    return jobs
 
 
 def _label(source: str) -> str:
@@ -393,100 +291,105 @@ def _save_dir(path: str | None) -> str | None:
     return path
 
 
-# -- jobs, status, targets ------------------------------------------------------
+# -- reading and steering the store: jobs, status, targets, wait, cancel ----------------
 
 
-def _jobs(args: argparse.Namespace) -> int:
+def _jobs(args: argparse.Namespace) -> Output:
+    """List the stored jobs."""
     with store.open(args.db, readonly=True) as db:
         jobs = db.list_jobs(owner=args.caller, status=args.status)
-    if args.json:
-        for job in jobs:
-            print(json.dumps(_job_json(job)))
-        return 0
-    if not jobs:
-        print("no jobs")
-        return 0
-    headers = ("job", "caller", "status", "done", "failed", "pending", "bytes")
-    for line in table((*headers, "created", "updated"), [_job_cells(job) for job in jobs]):
-        print(line)
-    return 0
+    return Output([_job_json(j) for j in jobs], _job_table(jobs))
 
 
-def _status(args: argparse.Namespace) -> int:
+def _status(args: argparse.Namespace) -> Output:
+    """One job's summary; status 1 if it ended failed or partial."""
     with store.open(args.db, readonly=True) as db:
         job = _summary(_find(db, args.job))
-    if args.json:
-        print(json.dumps(_job_json(job)))
-    else:
-        fields = {
-            "job": job.id,
-            "caller": job.owner,
-            "status": job.status,
-            "targets": f"{job.done} done, {job.failed} failed, {job.pending} pending",
-            "bytes": _size(job.nbytes),
-            "created": _when(job.created_at),
-            "updated": f"{_when(job.updated_at)} ({job.updated_at - job.created_at:.1f}s later)",
-        }
-        for key, value in fields.items():
-            print(f"{key:<8} {value}")
-    return 1 if job.status in ("failed", "partial") else 0
+    return _job_output(job)
 
 
-def _targets(args: argparse.Namespace) -> int:
+def _targets(args: argparse.Namespace) -> Output:
+    """One job's targets."""
     with store.open(args.db, readonly=True) as db:
         job = _find(db, args.job)
-    if args.json:
-        for t in job.targets:
-            result = None if t.result is None else json.loads(t.result)
-            size = None if t.result is None else len(t.result.encode())
-            print(
-                json.dumps(
-                    {
-                        "pos": t.pos,
-                        "ref": t.ref,
-                        "status": t.status,
-                        "error": t.error,
-                        "hint": t.hint,
-                        "result": result,
-                        "result_bytes": size,
-                    }
-                )
-            )
-        return 0
-    rows = [
-        (
-            t.pos,
-            t.status,
-            t.ref,
-            t.error and (f"{t.error} ({t.hint})" if t.hint else t.error),
-            None if t.result is None else _size(len(t.result.encode())),
+    data = []
+    rows = []
+    for t in job.targets:
+        result = None if t.result is None else json.loads(t.result)
+        nbytes = None if t.result is None else len(t.result.encode())
+        data.append(
+            {
+                "id": job.id,
+                "job_id": job.id,
+                "pos": t.pos,
+                "ref": t.ref,
+                "status": t.status,
+                "error": t.error,
+                "hint": t.hint,
+                "result": result,
+                "result_bytes": nbytes,
+            }
         )
-        for t in job.targets
-    ]
-    for line in table(("pos", "status", "ref", "error (hint)", "result"), rows):
-        print(line)
-    return 0
+        error = t.error and (f"{t.error} ({t.hint})" if t.hint else t.error)
+        rows.append((t.pos, t.status, t.ref, error, None if nbytes is None else size(nbytes)))
+    return Output(data, table(("pos", "status", "ref", "error (hint)", "result"), rows))
+
+
+def _wait(args: argparse.Namespace) -> Output:
+    """Wait until JOB ends, whichever process runs it; show it then."""
+    deadline = time.monotonic() + args.timeout if args.timeout is not None else None
+    with stopping() as stop, store.open(args.db, readonly=True) as db:
+        job = _find(db, args.job)
+        while job.status in ("queued", "running"):
+            if (reason := stop()) is not None:
+                return Output(None, "", _stopped_status(reason))
+            if deadline is not None and time.monotonic() >= deadline:
+                raise Failure(
+                    f"job {job.id[:SHORT_ID]} is still {job.status} after {args.timeout:g}s"
+                )
+            time.sleep(WAIT_POLL)  # another process runs it: the store is all there is to watch
+            job = _find(db, job.id)
+    return _job_output(_summary(job))
+
+
+def _cancel(args: argparse.Namespace) -> Output:
+    """Cancel a live job, whichever process runs it; status 1 if it had ended."""
+    with store.open(args.db, readonly=True) as db:
+        found = _find(db, args.job)
+    with store.open(args.db) as db:
+        cancelled = db.cancel_job(found.id, found.owner)
+        job = db.find_job(found.id)
+    if job is None:
+        raise Missing(f"no job {args.job!r} in {args.db}")
+    out = _job_output(_summary(job))
+    if cancelled:
+        return Output({**out.data, "cancelled": True}, out.text, 0)
+    return Output(
+        {**out.data, "cancelled": False},
+        f"{out.text}\njob {job.id[:SHORT_ID]} had ended already: nothing cancelled",
+        EXIT_FAILED,
+    )
 
 
 def _find(db: store.Store, given: str) -> store.JobRow:
     """The job whose id is ``given``, or the one job whose id starts with it."""
     prefix = given.strip().lower()
     if not prefix or not prefix.isascii():
-        raise Failure(f"no job {given!r} in {db.path}")
+        raise Missing(f"no job {given!r} in {db.path}")
     job = db.find_job(prefix)
     if job is None:
         ids = [s.id for s in db.list_jobs() if s.id.startswith(prefix)]
         if len(ids) > 1:
-            raise Failure(f"{given!r} is the start of {len(ids)} job ids: give more of it")
+            raise BadInput(f"{given!r} is the start of {len(ids)} job ids: give more of it")
         job = db.find_job(ids[0]) if ids else None
     if job is None:
-        raise Failure(f"no job {given!r} in {db.path}")
+        raise Missing(f"no job {given!r} in {db.path}")
     return job
 
 
 def _summary(job: store.JobRow) -> store.JobSummary:
     """``job`` without its targets, counted instead."""
-    count = [t.status for t in job.targets].count
+    statuses = [t.status for t in job.targets]
     return store.JobSummary(
         job.id,
         job.owner,
@@ -494,15 +397,33 @@ def _summary(job: store.JobRow) -> store.JobSummary:
         job.created_at,
         job.updated_at,
         job.nbytes,
-        count("done"),
-        count("failed"),
-        count("pending"),
+        statuses.count("done"),
+        statuses.count("failed"),
+        statuses.count("pending"),
+        job.name,
     )
+
+
+def _job_output(job: store.JobSummary) -> Output:
+    """One job, as ``status`` shows it; status 1 if it ended failed or partial."""
+    fields = {
+        "job": job.id,
+        "name": job.name or "-",
+        "caller": job.owner,
+        "status": job.status,
+        "targets": f"{job.done} done, {job.failed} failed, {job.pending} pending",
+        "bytes": size(job.nbytes),
+        "created": moment(job.created_at),
+        "updated": f"{moment(job.updated_at)} ({job.updated_at - job.created_at:.1f}s later)",
+    }
+    text = "\n".join(f"{key:<8} {value}" for key, value in fields.items())
+    return Output(_job_json(job), text, EXIT_FAILED if job.status in ("failed", "partial") else 0)
 
 
 def _job_json(job: store.JobSummary) -> dict[str, Any]:
     return {
         "id": job.id,
+        "name": job.name,
         "caller": job.owner,
         "status": job.status,
         "done": job.done,
@@ -514,28 +435,136 @@ def _job_json(job: store.JobSummary) -> dict[str, Any]:
     }
 
 
-def _job_cells(job: store.JobSummary) -> tuple[str, str, str, int, int, int, str, str, str]:
-    return (
-        job.id[:SHORT_ID],
-        job.owner,
-        job.status,
-        job.done,
-        job.failed,
-        job.pending,
-        _size(job.nbytes),
-        _when(job.created_at),
-        _when(job.updated_at),
+def _job_table(jobs: Sequence[store.JobSummary]) -> str:
+    headers = ("job", "name", "caller", "status", "done", "failed", "pending", "bytes")
+    return table(
+        (*headers, "created", "updated"),
+        (
+            (
+                j.id[:SHORT_ID],
+                j.name,
+                j.owner,
+                j.status,
+                j.done,
+                j.failed,
+                j.pending,
+                size(j.nbytes),
+                moment(j.created_at),
+                moment(j.updated_at),
+            )
+            for j in jobs
+        ),
+        empty="no jobs",
     )
 
 
-def _when(epoch: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+# -- parsing ------------------------------------------------------------------------------
 
 
-def _size(n: int) -> str:
-    """``n`` bytes, for people: ``512 B``, ``1.5 KiB``, ``3.0 MiB``."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    value, power = float(n), 0
-    while value >= 1024 and power < len(units) - 1:
-        value, power = value / 1024, power + 1
-    return f"{n} B" if power == 0 else f"{value:.1f} {units[power]}"
+def _parser(prog: str) -> Parser:
+    parser = Parser(prog=prog, description="Run and inspect batch jobs.")
+    also_db = add_db(parser, BATCH_DB, DEFAULT_DB)
+    as_json = Parser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON, one object per line")
+    commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+
+    def add(name: str, handler: Callable[[argparse.Namespace], Output], **kw: Any) -> Parser:
+        about = (handler.__doc__ or "").splitlines()[0]
+        sub: Parser = commands.add_parser(name, help=about, description=about, **kw)
+        sub.set_defaults(handler=handler)
+        also_db(sub)
+        return sub
+
+    p = add("demo", _demo)
+    p.set_defaults(db=None)  # a new file, kept, unless --db names one
+
+    p = add("fetch", _fetch, parents=[as_json])
+    p.add_argument("file", metavar="FILE", help="URLs, one per line; - reads standard input")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--per-host",
+        type=count,
+        nargs="?",
+        const=1,
+        default=1,
+        metavar="N",
+        help="N requests at once per host (its URLs dealt among N jobs; default 1)",
+    )
+    group.add_argument(
+        "--in-order", action="store_true", help="one job: the URLs one at a time, in order"
+    )
+    _fetch_options(p)
+
+    p = add("requeue", _requeue, parents=[as_json])
+    p.add_argument("job", metavar="JOB", help="a job id, or a unique prefix of one")
+    _fetch_options(p)
+
+    p = add("jobs", _jobs, parents=[as_json])
+    p.add_argument("--caller", type=_text, help="only this caller's jobs")
+    p.add_argument("--status", choices=JOB_STATUSES, help="only jobs in this status")
+
+    for name, handler in (("status", _status), ("targets", _targets), ("cancel", _cancel)):
+        p = add(name, handler, parents=[as_json])
+        p.add_argument("job", metavar="JOB", help="a job id, or a unique prefix of one")
+
+    p = add("wait", _wait, parents=[as_json])
+    p.add_argument("job", metavar="JOB", help="a job id, or a unique prefix of one")
+    p.add_argument("--timeout", type=seconds, metavar="S", help="give up after S seconds")
+    return parser
+
+
+def _fetch_options(p: argparse.ArgumentParser) -> None:
+    """The options of the commands that fetch."""
+    p.add_argument("--save", metavar="DIR", help="save each body in DIR (created if missing)")
+    p.add_argument("--caller", type=_text, default=_user(), help="whose jobs (default: you)")
+    defaults = Config()
+    p.add_argument("--workers", type=count, default=defaults.workers, help="fetches at once")
+    p.add_argument(
+        "--retry-wait",
+        type=seconds,
+        default=defaults.retry_wait,
+        metavar="S",
+        help="wait before asking a busy host again (or what its Retry-After says)",
+    )
+    p.add_argument(
+        "--retry-for",
+        type=seconds,
+        default=defaults.retry_for,
+        metavar="S",
+        help="give up on a URL still busy after this long",
+    )
+    p.add_argument(
+        "--max-bytes",
+        type=bytes_size,
+        default=defaults.max_bytes,
+        metavar="SIZE",
+        help="stored bytes past which the oldest ended jobs are evicted (e.g. 512MiB)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=30.0,
+        metavar="S",
+        help="longest wait to connect, or for more of an answer",
+    )
+
+
+def _positive_seconds(text: str) -> float:
+    value = seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, not {text!r}")
+    return value
+
+
+def _text(text: str) -> str:
+    if not text.strip() or not text.isprintable():
+        raise argparse.ArgumentTypeError(f"expected printable text, not {text!r}")
+    return text
+
+
+def _user() -> str:
+    """Who runs this, for ``--caller``: the login name, else ``batch``."""
+    try:
+        return getpass.getuser() or "batch"
+    except (OSError, KeyError):  # no name for this uid (a bare container)
+        return "batch"

@@ -158,6 +158,8 @@ class Job:
     created_at: float
     updated_at: float
     targets: list[TargetStatus]
+    #: What its submitter called it (``submit(..., name=...)``), if anything.
+    name: str | None = None
 
     @property
     def terminal(self) -> bool:

@@ -253,7 +253,7 @@ class LiveRun:
     def submit(self, caller_id: str, label: str, refs: Iterable[str]) -> JobCaller:
         """Submit one job of ``caller_id``'s, shown as ``label``."""
         job = JobCaller(caller_id, label)
-        job.job = self.runner.submit(job, refs)
+        job.job = self.runner.submit(job, refs, name=label)
         self.jobs.append(job)
         return job
 

@@ -133,22 +133,30 @@ class Runner(Generic[C]):
 
     # -- the caller's side --------------------------------------------------
 
-    def submit(self, caller: C, targets: Iterable[str | Target]) -> str:
+    def submit(self, caller: C, targets: Iterable[str | Target], *, name: str | None = None) -> str:
         """Store a new job for ``caller`` and put it last in the rotation;
-        return its id. Under ``Config.max_live``, a job past that many waits
-        ``queued`` in the store for a runner with room. Raises ``InvalidJob``
-        for a bad target list and ``RunnerClosed`` after :meth:`close`;
-        nothing is stored then. (A submit that races ``close`` may return the
-        id of a job the closing runner leaves in the store, live, for the
-        next runner.)"""
-        return self._submit(caller, [self._targets(targets)])[0]
+        return its id. ``name`` is what people see it as in listings (a
+        host, a file; at most 200 characters). Under ``Config.max_live``, a
+        job past that many waits ``queued`` in the store for a runner with
+        room. Raises ``InvalidJob`` for a bad target list or name and
+        ``RunnerClosed`` after :meth:`close`; nothing is stored then. (A
+        submit that races ``close`` may return the id of a job the closing
+        runner leaves in the store, live, for the next runner.)"""
+        return self._submit(caller, [self._targets(targets)], [_name(name)])[0]
 
-    def submit_many(self, caller: C, jobs: Iterable[Iterable[str | Target]]) -> list[str]:
-        """Store a job for ``caller`` for each target list of ``jobs``, all in
-        one transaction, and put them last in the rotation in this order;
-        return their ids, in the same order. As :meth:`submit` for each, but
-        a bad list raises ``InvalidJob`` naming its index, and then nothing
-        is stored. No list: nothing is stored, and ``[]`` returned."""
+    def submit_many(
+        self,
+        caller: C,
+        jobs: Iterable[Iterable[str | Target]],
+        *,
+        names: Iterable[str | None] | None = None,
+    ) -> list[str]:
+        """Store a job for ``caller`` for each target list of ``jobs`` (named
+        by ``names``, one each, if given), all in one transaction, and put
+        them last in the rotation in this order; return their ids, in the
+        same order. As :meth:`submit` for each, but a bad list raises
+        ``InvalidJob`` naming its index, and then nothing is stored. No list:
+        nothing is stored, and ``[]`` returned."""
         if isinstance(jobs, str | bytes) or not isinstance(jobs, Iterable):
             raise InvalidJob(f"jobs must be a list of target lists, not {type(jobs).__name__}")
         checked: list[list[Target]] = []
@@ -157,9 +165,14 @@ class Runner(Generic[C]):
                 checked.append(self._targets(targets))
             except InvalidJob as e:
                 raise InvalidJob(f"job {k}: {e}") from None
-        return self._submit(caller, checked)
+        given: list[str | None] = (
+            [None] * len(checked) if names is None else [_name(n) for n in names]
+        )
+        if len(given) != len(checked):
+            raise InvalidJob(f"{len(checked)} jobs and {len(given)} names: give one name each")
+        return self._submit(caller, checked, given)
 
-    def _submit(self, caller: C, jobs: list[list[Target]]) -> list[str]:
+    def _submit(self, caller: C, jobs: list[list[Target]], names: list[str | None]) -> list[str]:
         """Store these checked jobs and let them join (see :meth:`submit_many`)."""
         s = self._s
         owner = caller_id(caller)
@@ -192,6 +205,7 @@ class Runner(Generic[C]):
                 s.id,
                 lease_for=s.config.takeover_after,
                 leased=room,
+                names=names,
             )
         except BaseException:
             with s.lock:
@@ -246,6 +260,7 @@ class Runner(Generic[C]):
                 if live is not None and live.started and not s.closed:
                     status = "running"
         return Job(
+            name=row.name,
             id=row.id,
             status=status,
             created_at=row.created_at,
@@ -430,6 +445,24 @@ class Runner(Generic[C]):
         st = self.statistics()
         state = "closed" if st.closed else "open"
         return f"<batch.Runner {state} workers={st.workers} live={st.live} inflight={st.inflight}>"
+
+
+#: The longest name a job may have, in characters.
+MAX_NAME = 200
+
+
+def _name(name: object) -> str | None:
+    """A job's name, checked: None, or printable text of at most
+    ``MAX_NAME`` characters."""
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise InvalidJob(f"a job's name is a str or None, not {type(name).__name__}")
+    if not name.strip() or not name.isprintable() or len(name) > MAX_NAME:
+        raise InvalidJob(
+            f"a job's name is printable text of 1 to {MAX_NAME} characters, not {name[:40]!r}"
+        )
+    return name
 
 
 def _is_async(fetch: object) -> bool:

@@ -1,32 +1,39 @@
 """The operator's command line for the run scheduler::
 
-    python -m store [--db PATH] nodes|runs|show|queue|wake|reap|drain|undrain
+    python -m store [--db PATH|URL] nodes|runs|show|queue|explain|cancel|wake|reap|drain|undrain
 
-Views (``nodes``, ``runs``, ``show``, ``queue``) open the store read-only and
-never change the file. Actions (``wake``, ``reap``, ``drain``, ``undrain``)
-open it for writing, but only once it is known to hold a store: they never
-create one. Every command prints an aligned table, or JSON with ``--json``.
+(also installed as ``batch-store``). Views (``nodes``, ``runs``, ``show``,
+``queue``, ``explain``) open the store read-only and never change it.
+Actions (``cancel``, ``wake``, ``reap``, ``drain``, ``undrain``) open it
+for writing, but only once it is known to hold a store: they never create
+one. Every command prints an aligned table, or JSON with ``--json`` (see
+``store.console``: a listing one object per line).
 
-Exit status: 0 on success; 1 when the run shown ended FAILED or the operation
-failed (one line on stderr says why); 2 on bad usage; 130 when interrupted.
+Exit status: 0 on success; 1 when the run shown ended FAILED or the
+operation failed (one line on stderr says why); 2 on bad usage; 3 when the
+run or node is not found; 130 when interrupted; 143 on SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import logging
-import math
-import os
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
-from .errors import StoreError
+from .console import (
+    EMPTY,
+    EXIT_FAILED,
+    Output,
+    Parser,
+    add_db,
+    count,
+    duration,
+    moment,
+    run,
+    seconds,
+    table,
+)
 from .shapes import RUN_STATES, NodeView, RunView
 from .store import Store
 from .store import open as open_store
@@ -37,20 +44,6 @@ __all__ = ["main"]
 STORE_DB = "STORE_DB"
 #: The store file when neither ``--db`` nor ``$STORE_DB`` names one.
 DEFAULT_DB = "store.sqlite3"
-#: What a table shows in an empty cell.
-EMPTY = "-"
-
-
-@dataclass(frozen=True, slots=True)
-class Output:
-    """What a command prints: ``data`` as JSON with ``--json``, else ``text``;
-    and the exit status."""
-
-    data: Any
-    text: str
-    status: int = 0
-
-
 # -- opening the store -----------------------------------------------------------
 
 
@@ -70,36 +63,10 @@ def open_to_act(args: argparse.Namespace) -> Store:
 # -- formatting --------------------------------------------------------------------
 
 
-def align(rows: Sequence[Sequence[str]]) -> str:
-    """The rows as lines, each column as wide as its widest cell, two spaces apart."""
-    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
-
-
-def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """An aligned table: the header, then one line per row."""
-    return align([header, *rows])
-
-
-def duration(seconds: float) -> str:
-    """A span of time as people read it: ``12s``, ``3m04s``, ``2h01m``,
-    ``3d04h``. A negative span (clocks that disagree) reads ``0s``."""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return "{}m{:02d}s".format(*divmod(s, 60))
-    if s < 86400:
-        return "{}h{:02d}m".format(*divmod(s // 60, 60))
-    return "{}d{:02d}h".format(*divmod(s // 3600, 24))
-
-
-def moment(epoch: float | None) -> str:
-    """A time, local, to the second; ``-`` for one that has not happened."""
-    return EMPTY if epoch is None else datetime.fromtimestamp(epoch).strftime("%Y-%m-%d %H:%M:%S")
+def fields(pairs: Sequence[tuple[str, str]]) -> str:
+    """Named values, a line each, the names in a column."""
+    width = max(len(name) for name, _ in pairs)
+    return "\n".join(f"{name:<{width}}  {value}".rstrip() for name, value in pairs)
 
 
 def labels(values: Iterable[str]) -> str:
@@ -107,9 +74,9 @@ def labels(values: Iterable[str]) -> str:
     return ",".join(sorted(values))
 
 
-def millis(seconds: float | None) -> float | None:
+def millis(secs: float | None) -> float | None:
     """Seconds rounded to the millisecond, for JSON a person may read too."""
-    return None if seconds is None else round(seconds, 3)
+    return None if secs is None else round(secs, 3)
 
 
 # -- nodes ------------------------------------------------------------------------
@@ -127,6 +94,7 @@ def node_state(node: NodeView) -> str:
 def node_json(node: NodeView, now: float) -> dict[str, Any]:
     """A node for scripts; ``expires_in`` is the seconds its lease has left."""
     return {
+        "id": node.node_id,
         "node_id": node.node_id,
         "name": node.name,
         "caps": sorted(node.caps),
@@ -164,6 +132,7 @@ def node_table(nodes: Iterable[NodeView], now: float) -> str:
             )
             for n in nodes
         ),
+        empty="no nodes",
     )
 
 
@@ -200,7 +169,7 @@ def run_json(run: RunView, now: float) -> dict[str, Any]:
     """The run's wire view (``RunView.to_dict()``), with each step's kind and
     needs, the run's reason and times, and the seconds it ``waited`` QUEUED
     and ``ran`` (None if it never started)."""
-    out = run.to_dict()
+    out = {"id": run.run_id, **run.to_dict()}
     for step, view in zip(out["steps"], run.steps, strict=True):
         step.update(kind=view.kind, needs=sorted(view.needs))
     out.update(
@@ -239,13 +208,14 @@ def run_table(runs: Iterable[RunView], now: float) -> str:
             )
             for r in runs
         ),
+        empty="no runs",
     )
 
 
 def run_summary(run: RunView, record: dict[str, Any], now: float) -> str:
     """One run, a field a line, its Record last."""
     sealed = record["sealed_at"]
-    return align(
+    return fields(
         [
             ("run", run.run_id),
             ("state", f"{run.state}: {run.reason}" if run.reason else run.state),
@@ -298,7 +268,8 @@ def runs_command(args: argparse.Namespace) -> Output:
 
 
 def show_command(args: argparse.Namespace) -> Output:
-    """One run, its steps and its Record; status 1 if it ended FAILED."""
+    """One run, its steps (with their output) and its Record; status 1 if it
+    ended FAILED."""
     with open_view(args.db) as db:
         run = db.get_run(args.run_id)
         record = db.record(args.run_id)
@@ -306,7 +277,7 @@ def show_command(args: argparse.Namespace) -> Output:
     return Output(
         {**run_json(run, now), "record": record},
         f"{run_summary(run, record, now)}\n\n{step_table(run)}",
-        1 if run.state == "FAILED" else 0,
+        EXIT_FAILED if run.state == "FAILED" else 0,
     )
 
 
@@ -319,7 +290,24 @@ def queue_command(args: argparse.Namespace) -> Output:
         (str(i), r.run_id, duration(waited(r, now)), str(len(r.steps)), step_needs(r))
         for i, r in enumerate(runs, 1)
     )
-    return Output([run_json(r, now) for r in runs], table(QUEUE_HEADER, rows))
+    return Output(
+        [run_json(r, now) for r in runs], table(QUEUE_HEADER, rows, empty="no runs queued")
+    )
+
+
+def cancel_command(args: argparse.Namespace) -> Output:
+    """Cancel a QUEUED or RUNNING run (it ends FAILED, reason cancelled);
+    print it. Status 1 if it had ended already."""
+    with open_to_act(args) as db:
+        cancelled = db.cancel_run(args.run_id)
+        run = db.get_run(args.run_id)
+    now = time.time()
+    text = run_table([run], now)
+    if not cancelled:
+        text += f"\nrun {run.run_id} had ended already: nothing cancelled"
+    return Output(
+        {**run_json(run, now), "cancelled": cancelled}, text, 0 if cancelled else EXIT_FAILED
+    )
 
 
 def wake_command(args: argparse.Namespace) -> Output:
@@ -335,18 +323,38 @@ def wake_command(args: argparse.Namespace) -> Output:
         runs = [db.get_run(run_id) for run_id in dict.fromkeys([*queued, *woken])]
     promoted = [r for r in runs if r.started_at is not None]
     return Output(
-        [r.run_id for r in promoted],
-        table(("RUN", "NODES"), ((r.run_id, step_nodes(r)) for r in promoted)),
+        [{"id": r.run_id, "run_id": r.run_id, "nodes": step_nodes(r)} for r in promoted],
+        table(
+            ("PROMOTED", "NODES"),
+            ((r.run_id, step_nodes(r)) for r in promoted),
+            empty="no run promoted",
+        ),
     )
 
 
 def reap_command(args: argparse.Namespace) -> Output:
-    """Fail the runs holding an expired lease; print them."""
+    """Fail the runs holding an expired lease, and promote the QUEUED runs
+    their nodes let start; print both."""
+    with open_view(args.db) as db:
+        queued = [r.run_id for r in db.list_runs(state="QUEUED")]
     with open_to_act(args) as db:
         failed = [db.get_run(run_id) for run_id in db.reap()]
+        woken = [db.get_run(run_id) for run_id in queued]
+    started = [r for r in woken if r.started_at is not None]
+    rows = [(r.run_id, "reaped", r.reason or EMPTY) for r in failed]
+    rows += [(r.run_id, "promoted", f"on {step_nodes(r)}") for r in started]
     return Output(
-        [r.run_id for r in failed],
-        table(("RUN", "REASON"), ((r.run_id, r.reason or EMPTY) for r in failed)),
+        [
+            *(
+                {"id": r.run_id, "run_id": r.run_id, "reaped": True, "reason": r.reason}
+                for r in failed
+            ),
+            *(
+                {"id": r.run_id, "run_id": r.run_id, "promoted": True, "nodes": step_nodes(r)}
+                for r in started
+            ),
+        ],
+        table(("RUN", "WHAT", "WHY"), rows, empty="no lease expired"),
     )
 
 
@@ -372,50 +380,15 @@ def set_draining(args: argparse.Namespace, change: Callable[[Store, str], None])
 # -- parsing -------------------------------------------------------------------------
 
 
-class Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line on stderr."""
-
-    def error(self, message: str) -> NoReturn:
-        """Say what is wrong in one line and exit with status 2."""
-        self.exit(2, f"store: {message}; see '{self.prog} --help'\n")
-
-
-def seconds(text: str) -> float:
-    """An argument: a finite number of seconds, 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, not {text!r}")
-    return value
-
-
-def count(text: str) -> int:
-    """An argument: a whole number, 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, not {text!r}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m store") -> argparse.ArgumentParser:
     """The parser of every command; each command's function is its ``handler``."""
     parser = Parser(
-        prog="python -m store",
-        description="Look at and steer the runs, nodes and queue of a store file.",
+        prog=prog,
+        description="Look at and steer the runs, nodes and queue of a store.",
     )
-    parser.add_argument(
-        "--db",
-        metavar="PATH",
-        default=os.environ.get(STORE_DB) or DEFAULT_DB,
-        help=f"the store: a file, or a postgresql:// URL (default: ${STORE_DB}, else {DEFAULT_DB})",
-    )
+    also_db = add_db(parser, STORE_DB, DEFAULT_DB)
     view = Parser(add_help=False)
-    view.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    view.add_argument("--json", action="store_true", help="print JSON, one object per line")
     act = Parser(add_help=False, parents=[view])
     act.add_argument(
         "--lease-ttl",
@@ -438,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
         about = (handler.__doc__ or "").splitlines()[0]
         sub: Parser = commands.add_parser(name, help=about, description=about, parents=[kind])
         sub.set_defaults(handler=handler)
+        also_db(sub)
         return sub
 
     add("nodes", nodes_command, view)
@@ -449,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("show", show_command, view).add_argument("run_id", metavar="RUN", help="the run id")
     add("queue", queue_command, view)
+    add("cancel", cancel_command, act).add_argument("run_id", metavar="RUN", help="the run id")
     add("wake", wake_command, act)
     add("reap", reap_command, act)
     add("drain", drain_command, act).add_argument("node_id", metavar="NODE", help="the node id")
@@ -456,57 +431,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# -- running -----------------------------------------------------------------------
-
-
-class OneLine(logging.Formatter):
-    """A log record as one line, ``store: message: exception``: no traceback."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        """The message, and the message of its exception if it carries one."""
-        text = record.getMessage()
-        if record.exc_info and record.exc_info[1] is not None:
-            text = f"{text}: {record.exc_info[1]}"
-        return f"store: {text}"
-
-
-@contextlib.contextmanager
-def brief_logs() -> Iterator[None]:
-    """While inside, the store's warnings (a failed wake after an action, say)
-    reach stderr as single lines rather than tracebacks."""
-    stream = logging.StreamHandler()
-    stream.setLevel(logging.WARNING)
-    stream.setFormatter(OneLine())
-    logger = logging.getLogger("store")
-    logger.addHandler(stream)
-    try:
-        yield
-    finally:
-        logger.removeHandler(stream)
-
-
-def fail(message: str, status: int) -> int:
-    """Say what went wrong in one line on stderr; return ``status``."""
-    print(f"store: {message}", file=sys.stderr)
-    return status
-
-
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m store") -> int:
     """Run one command line; return its exit status."""
-    try:
-        args = build_parser().parse_args(argv)
-        with brief_logs():
-            out: Output = args.handler(args)
-        text = json.dumps(out.data, indent=2) if args.json else out.text
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-    except StoreError as e:
-        return fail(str(e), 1)
-    except KeyboardInterrupt:
-        return fail("interrupted", 130)
-    except BrokenPipeError:
-        # The reader went away (``| head``): stop quietly, and keep Python from
-        # failing again when it flushes stdout at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    return out.status
+    return run("store" if prog.startswith("python") else prog, build_parser(prog), argv)
+
+
+def console_main() -> int:
+    """The ``batch-store`` command."""
+    return main(prog="batch-store")

@@ -65,6 +65,8 @@ class JobRow:
     targets: tuple[TargetRow, ...]
     #: The runner the job was submitted through, if any.
     runner_id: str | None = None
+    #: What its submitter called it, if anything.
+    name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +162,7 @@ class JobSummary:
     done: int
     failed: int
     pending: int
+    name: str | None = None
 
 
 def create_jobs(
@@ -171,8 +174,10 @@ def create_jobs(
     runner_id: str | None = None,
     lease_until: float | None = None,
     leased: int | None = None,
+    names: Sequence[str | None] | None = None,
 ) -> None:
-    """Store new jobs of ``owner`` (each an id and its refs), in this order,
+    """Store new jobs of ``owner`` (each an id and its refs, and its name in
+    ``names`` if given), in this order,
     ``queued`` with every target ``pending``, submitted through the runner
     ``runner_id`` (if any). Given ``lease_until``, the first ``leased`` of
     them (None: all) are leased to that runner until then with token 1; the
@@ -182,10 +187,10 @@ def create_jobs(
     )
     conn.executemany(
         "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, runner_id,"
-        " lease_owner, lease_token, lease_until, ntargets)"
-        " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)",
+        " lease_owner, lease_token, lease_until, ntargets, name)"
+        " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
-            (job_id, owner, now, now, now, runner_id, *lease, len(refs))
+            (job_id, owner, now, now, now, runner_id, *lease, len(refs), names and names[k])
             for k, (job_id, refs) in enumerate(jobs)
             for lease in [(runner_id, 1, lease_until) if k < held else (None, 0, None)]
         ],
@@ -402,7 +407,7 @@ def evict(conn: Tx, max_bytes: int, total: int | None = None) -> list[str]:
 def get_job(conn: Tx, job_id: str, owner: str) -> JobRow | None:
     """The job with its targets, or None if there is none of this owner's."""
     row = conn.execute(
-        "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id"
+        "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id, name"
         " FROM jobs WHERE id = ? AND owner = ?",
         (job_id, owner),
     ).fetchone()
@@ -412,7 +417,7 @@ def get_job(conn: Tx, job_id: str, owner: str) -> JobRow | None:
 def find_job(conn: Tx, job_id: str) -> JobRow | None:
     """The job with its targets, whoever owns it, or None."""
     row = conn.execute(
-        "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id"
+        "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id, name"
         " FROM jobs WHERE id = ?",
         (job_id,),
     ).fetchone()
@@ -430,7 +435,7 @@ def list_jobs(
     creation order, with its counts: one row read per job."""
     sql = (
         "SELECT id, owner, status, created_at, updated_at, nbytes, ndone, nfailed,"
-        " ntargets - ndone - nfailed FROM jobs"
+        " ntargets - ndone - nfailed, name FROM jobs"
         " WHERE (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR status = ?2)"
     )
     if ids is None:
@@ -452,8 +457,8 @@ def load_jobs(conn: Tx, job_ids: Sequence[str]) -> list[JobRow]:
     for start in range(0, len(job_ids), 500):
         chunk = job_ids[start : start + 500]
         rows += conn.execute(
-            "SELECT seq, id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id"
-            " FROM jobs"
+            "SELECT seq, id, owner, status, created_at, updated_at, touched_at, nbytes,"
+            " runner_id, name FROM jobs"
             f" WHERE id IN ({', '.join('?' * len(chunk))})",
             chunk,
         ).fetchall()
@@ -506,7 +511,7 @@ def find_targets(
 
 
 def _with_targets(conn: Tx, row: Any) -> JobRow:
-    job_id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id = row
+    job_id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id, name = row
     return JobRow(
         job_id,
         owner,
@@ -517,6 +522,7 @@ def _with_targets(conn: Tx, row: Any) -> JobRow:
         nbytes,
         find_targets(conn, job_id),
         runner_id,
+        name,
     )
 
 

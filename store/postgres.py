@@ -264,7 +264,9 @@ UPGRADES: tuple[tuple[str, ...], ...] = (
         "INSERT INTO node_generation (one, generation) VALUES (1, 0)",
         "CREATE INDEX nodes_draining ON nodes (id) WHERE draining = 1",
     ),
-    MIGRATIONS[5],  # the job counts: the same statements on both engines
+    # The job counts and names: the same statements on both engines.
+    MIGRATIONS[5],
+    MIGRATIONS[6],
 )
 assert SCHEMA_VERSION + len(UPGRADES) == VERSION
 

@@ -249,6 +249,12 @@ _JOB_COUNTS = (
     """,
 )
 
+_JOB_NAMES = (
+    # What the submitter called the job (a host, a file), for people reading
+    # a listing; NULL when it gave none.
+    "ALTER TABLE jobs ADD COLUMN name TEXT",
+)
+
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _JOBS,
     _RUNS,
@@ -256,5 +262,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _LEASES,
     _NODE_CHANGES,
     _JOB_COUNTS,
+    _JOB_NAMES,
 )
 VERSION = len(MIGRATIONS)

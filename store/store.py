@@ -90,16 +90,25 @@ class Store:
         *,
         lease_for: float | None = None,
         leased: int | None = None,
+        names: Sequence[str | None] | None = None,
     ) -> None:
-        """Store the ``new`` jobs of ``owner`` (each its id and refs) in one
-        transaction, in this order, as :meth:`create_job` does; given
-        ``lease_for``, the first ``leased`` (None: all) are leased to the
-        runner, the others wait for any runner with room."""
+        """Store the ``new`` jobs of ``owner`` (each its id and refs, named
+        by ``names`` if given) in one transaction, in this order, as
+        :meth:`create_job` does; given ``lease_for``, the first ``leased``
+        (None: all) are leased to the runner, the others wait for any runner
+        with room."""
 
         def create(tx: Tx) -> None:
             until = None if lease_for is None else tx.now + lease_for
             jobs.create_jobs(
-                tx, owner, new, tx.now, runner_id=runner_id, lease_until=until, leased=leased
+                tx,
+                owner,
+                new,
+                tx.now,
+                runner_id=runner_id,
+                lease_until=until,
+                leased=leased,
+                names=names,
             )
             if until is None or (leased is not None and leased < len(new)):
                 self._db.notify(tx, WORK)

@@ -190,22 +190,46 @@ def test_fetch_stores_every_outcome(tmp_path: Path, upstream: Upstream) -> None:
     assert (result["status"], result["bytes"]) == (200, len("/busy/b"))
     assert upstream.asked("/busy/b") == 2
     assert re.search(
-        rf"^{job.id[:12]}\s+urls\.txt\s+tester\s+partial\s+2\s+2\s+0\s+\S+\s+1$",
+        rf"^{job.id[:12]}\s+127\.0\.0\.1\s+tester\s+partial\s+2\s+2\s+0\s+\S+\s+1$",
         done.stdout,
         re.MULTILINE,
     ), done.stdout
 
 
-def test_fetch_per_host_makes_one_job_per_host(tmp_path: Path, upstream: Upstream) -> None:
+def test_fetch_makes_one_job_per_host(tmp_path: Path, upstream: Upstream) -> None:
+    """By default each host's URLs are one job (one request at a time per
+    host, the hosts side by side), named for the host."""
     here = [upstream.url(f"/ok/{n}") for n in range(3)]
     there = [upstream.url(f"/ok/{n}", host="localhost") for n in range(2)]
     source = url_file(tmp_path, here[0], there[0], here[1], there[1], here[2])
     db = tmp_path / "jobs.sqlite3"
-    done = cli("fetch", source, "--db", db, "--per-host")
+    done = cli("fetch", source, "--db", db)
     assert (done.returncode, done.stderr) == (0, ""), done
     jobs = stored(db)
     assert [[t.ref for t in job.targets] for job in jobs] == [here, there]
+    assert [job.name for job in jobs] == ["127.0.0.1", "localhost"]
     assert {job.status for job in jobs} == {"done"}
+
+
+def test_fetch_per_host_n_deals_each_hosts_urls_among_n_jobs(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    urls = [upstream.url(f"/ok/{n}") for n in range(5)]
+    db = tmp_path / "jobs.sqlite3"
+    done = cli("fetch", url_file(tmp_path, *urls), "--db", db, "--per-host", "2")
+    assert (done.returncode, done.stderr) == (0, ""), done
+    jobs = stored(db)
+    assert [[t.ref for t in job.targets] for job in jobs] == [urls[0::2], urls[1::2]]
+    assert [job.name for job in jobs] == ["127.0.0.1 1/2", "127.0.0.1 2/2"]
+
+
+def test_fetch_in_order_makes_the_list_one_job(tmp_path: Path, upstream: Upstream) -> None:
+    urls = [upstream.url("/ok/a"), upstream.url("/ok/b", host="localhost"), upstream.url("/ok/c")]
+    db = tmp_path / "jobs.sqlite3"
+    done = cli("--db", db, "fetch", url_file(tmp_path, *urls), "--in-order")
+    assert (done.returncode, done.stderr) == (0, ""), done
+    [job] = stored(db)
+    assert ([t.ref for t in job.targets], job.name) == (urls, "urls.txt")
 
 
 def test_fetch_json_prints_one_line_per_target(tmp_path: Path, upstream: Upstream) -> None:
@@ -215,9 +239,9 @@ def test_fetch_json_prints_one_line_per_target(tmp_path: Path, upstream: Upstrea
     assert done.returncode == 1, done
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     [job] = stored(db)
-    assert [(line["url"], line["status"], line["job"]) for line in lines] == [
-        (urls[0], "done", job.id),
-        (urls[1], "failed", job.id),
+    assert [(line["ref"], line["status"], line["job_id"], line["pos"]) for line in lines] == [
+        (urls[0], "done", job.id, 0),
+        (urls[1], "failed", job.id, 1),
     ]
     assert lines[0]["result"]["final_url"] == urls[0]
     assert (lines[1]["error"], lines[1]["hint"]) == ("HTTP 404 Not Found", "check the URL")
@@ -332,8 +356,10 @@ def test_jobs_lists_the_store(history: tuple[Path, list[str]]) -> None:
         "pending": 0,
     }
     table = cli("jobs", "--db", path, "--caller", "bob").stdout.splitlines()
-    assert table[0].split()[:3] == ["job", "caller", "status"]
-    assert [line.split()[:3] for line in table[1:]] == [[ids[-1][:12], "bob", "partial"]]
+    assert table[0].split()[:4] == ["job", "name", "caller", "status"]
+    assert [line.split()[:4] for line in table[1:]] == [[ids[-1][:12], "-", "bob", "partial"]]
+    assert cli("jobs", "--db", path, "--caller", "carol").stdout == "no jobs\n"
+    assert cli("jobs", "--db", path, "--caller", "carol", "--json").stdout == ""
 
 
 def test_status_and_targets_take_a_unique_prefix(history: tuple[Path, list[str]]) -> None:
@@ -346,6 +372,8 @@ def test_status_and_targets_take_a_unique_prefix(history: tuple[Path, list[str]]
     assert targets.returncode == 0, targets
     assert [json.loads(line) for line in targets.stdout.splitlines()] == [
         {
+            "id": ids[-1],
+            "job_id": ids[-1],
             "pos": 0,
             "ref": "good",
             "status": "done",
@@ -355,6 +383,8 @@ def test_status_and_targets_take_a_unique_prefix(history: tuple[Path, list[str]]
             "result_bytes": len('{"ref":"good"}'),
         },
         {
+            "id": ids[-1],
+            "job_id": ids[-1],
             "pos": 1,
             "ref": "bad",
             "status": "failed",
@@ -371,7 +401,7 @@ def test_an_ambiguous_prefix_is_refused(history: tuple[Path, list[str]]) -> None
     path, ids = history
     [(first, _)] = Counter(job_id[0] for job_id in ids).most_common(1)
     done = cli("status", first, "--db", path)
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert re.fullmatch(
         rf"batch: '{first}' is the start of \d+ job ids: give more of it\n", done.stderr
     )
@@ -399,8 +429,11 @@ def test_an_ambiguous_prefix_is_refused(history: tuple[Path, list[str]]) -> None
         (["jobs", "--db", "{tmp}/missing.sqlite3"], 1, "no store file at"),
         (["jobs", "--db", "{tmp}/empty.txt"], 1, "not a store file"),
         (["jobs", "--db", "{db}", "--status", "lost"], 2, "argument --status: invalid choice"),
-        (["status", "feed", "--db", "{db}"], 1, "no job 'feed' in"),
-        (["targets", "\u00e9t\u00e9", "--db", "{db}"], 1, "no job '\u00e9t\u00e9' in"),
+        (["status", "feed", "--db", "{db}"], 3, "no job 'feed' in"),
+        (["targets", "\u00e9t\u00e9", "--db", "{db}"], 3, "no job '\u00e9t\u00e9' in"),
+        (["cancel", "feed", "--db", "{db}"], 3, "no job 'feed' in"),
+        (["fetch", "{ok}", "--max-bytes", "lots"], 2, "argument --max-bytes: expected a size"),
+        (["fetch", "{ok}", "--per-host", "2", "--in-order"], 2, "not allowed with argument"),
         ([], 2, "the following arguments are required"),
         (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
     ],

@@ -50,8 +50,15 @@ def ok(path: Path, *args: str) -> str:
 
 
 def as_json(path: Path, *args: str) -> Any:
-    """The ``--json`` output of a command on ``path`` that must succeed."""
-    return json.loads(ok(path, *args, "--json"))
+    """The ``--json`` output of a command on ``path`` that must succeed: one
+    object per line, as a list."""
+    return [json.loads(line) for line in ok(path, *args, "--json").splitlines()]
+
+
+def as_one(path: Path, *args: str) -> Any:
+    """The ``--json`` output of a command on ``path`` about one thing."""
+    (one,) = as_json(path, *args)
+    return one
 
 
 def by_id(nodes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -191,7 +198,7 @@ def test_show_gives_the_steps_and_the_sealed_record(cluster: Path) -> None:
             "NODE": "n1 (box-n1)",
         }
     ]
-    queued = as_json(cluster, "show", "q-linux")
+    queued = as_one(cluster, "show", "q-linux")
     assert [s["state"] for s in queued["steps"]] == ["PENDING"] * 3
     assert queued["record"]["sealed_at"] is None
     assert "digest" not in queued["record"]
@@ -229,12 +236,14 @@ def test_the_store_file_is_db_else_store_db_else_store_sqlite3_here(cluster: Pat
 
     def node_ids(done: subprocess.CompletedProcess[str]) -> list[str]:
         assert done.returncode == 0, done.stderr
-        return [n["node_id"] for n in json.loads(done.stdout)]
+        return [json.loads(line)["node_id"] for line in done.stdout.splitlines()]
 
     nodes = ["n1", "n2", "n3"]
     assert node_ids(cli("nodes", "--json", cwd=cluster.parent)) == nodes
     assert node_ids(cli("nodes", "--json", cwd=elsewhere, STORE_DB=str(cluster))) == nodes
     assert node_ids(cli("--db", cluster, "nodes", "--json", STORE_DB=missing)) == nodes
+    # --db after the command's name too, as on python -m batch.
+    assert node_ids(cli("nodes", "--db", cluster, "--json", STORE_DB=missing)) == nodes
 
 
 # -- actions ---------------------------------------------------------------------
@@ -247,7 +256,7 @@ def test_wake_promotes_the_oldest_run_that_fits_a_freed_node(cluster: Path) -> N
     assert len(as_json(cluster, "queue")) == 3
 
     # q-gpu waits for n2; q-linux, next, fits n1; q-any finds nothing left.
-    assert rows(ok(cluster, "wake")) == [{"RUN": "q-linux", "NODES": "n1"}]
+    assert rows(ok(cluster, "wake")) == [{"PROMOTED": "q-linux", "NODES": "n1"}]
     assert by_id(as_json(cluster, "nodes"))["n1"]["run_id"] == "q-linux"
     assert [r["run_id"] for r in as_json(cluster, "queue")] == ["q-gpu", "q-any"]
     assert as_json(cluster, "wake") == []
@@ -260,7 +269,10 @@ def test_reap_fails_runs_whose_lease_expired_and_frees_their_node(cluster: Path)
         finish(short, "n1", "busy1")
         assert short.get_run("q-linux").state == "RUNNING"
 
-    assert rows(ok(cluster, "reap")) == [{"RUN": "q-linux", "REASON": "lease expired on node 'n1'"}]
+    assert rows(ok(cluster, "reap")) == [
+        {"RUN": "q-linux", "WHAT": "reaped", "WHY": "lease expired on node 'n1'"},
+        {"RUN": "q-any", "WHAT": "promoted", "WHY": "on n1"},
+    ]
     assert cli("--db", cluster, "show", "q-linux").returncode == 1
     # The freed node goes to the next run that fits; busy2's lease is intact.
     nodes = by_id(as_json(cluster, "nodes"))
@@ -270,7 +282,7 @@ def test_reap_fails_runs_whose_lease_expired_and_frees_their_node(cluster: Path)
 
 
 def test_drain_and_undrain_change_what_nodes_shows(cluster: Path) -> None:
-    drained = as_json(cluster, "drain", "n1")
+    drained = as_one(cluster, "drain", "n1")
     assert (drained["state"], drained["run_id"]) == ("busy+draining", "busy1")
     assert by_id(as_json(cluster, "nodes"))["n1"]["draining"] is True
 
@@ -278,7 +290,7 @@ def test_drain_and_undrain_change_what_nodes_shows(cluster: Path) -> None:
     (row,) = rows(ok(cluster, "undrain", "n3"))
     assert (row["NODE"], row["STATE"], row["RUN"]) == ("n3", "busy", "q-linux")
 
-    assert as_json(cluster, "undrain", "n1")["state"] == "busy"
+    assert as_one(cluster, "undrain", "n1")["state"] == "busy"
     assert {n["state"] for n in as_json(cluster, "nodes")} == {"busy"}
 
 
@@ -294,9 +306,10 @@ def test_drain_and_undrain_change_what_nodes_shows(cluster: Path) -> None:
         pytest.param(["--db", "{tmp}/notes.txt", "runs"], 1, "not a database", id="text"),
         pytest.param(["--db", "{tmp}/other.db", "nodes"], 1, "not a store file", id="other-db"),
         pytest.param(["--db", "{tmp}/other.db", "reap"], 1, "not a store file", id="act-other"),
-        pytest.param(["show", "nope"], 1, "no run 'nope'", id="unknown-run"),
-        pytest.param(["drain", "nope"], 1, "no node 'nope'", id="unknown-node"),
-        pytest.param(["undrain", "nope"], 1, "no node 'nope'", id="undrain-unknown"),
+        pytest.param(["show", "nope"], 3, "no run 'nope'", id="unknown-run"),
+        pytest.param(["cancel", "nope"], 3, "no run 'nope'", id="cancel-unknown"),
+        pytest.param(["drain", "nope"], 3, "no node 'nope'", id="unknown-node"),
+        pytest.param(["undrain", "nope"], 3, "no node 'nope'", id="undrain-unknown"),
         pytest.param(["runs", "--state", "done"], 2, "invalid choice: 'DONE'", id="bad-state"),
         pytest.param(["wake", "--lease-ttl", "soon"], 2, "--lease-ttl", id="bad-lease-ttl"),
         pytest.param(["show"], 2, "required: RUN", id="no-run"),
@@ -351,7 +364,7 @@ def test_a_wake_that_fails_after_an_action_is_a_warning_line_not_a_traceback(
     assert json.loads(out)["state"] == "idle"
     assert err
     for line in err.splitlines():
-        assert line.startswith("store: wake (") and line.endswith(": database is locked")
+        assert line.startswith("store: wake (") and line.endswith("database is locked)")
 
 
 @pytest.mark.parametrize(
