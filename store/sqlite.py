@@ -23,6 +23,8 @@ T = TypeVar("T")
 
 #: How long a statement waits for another process's write lock before failing.
 BUSY_TIMEOUT = 5.0
+#: Tables every store file has, whatever its version: what tells one apart.
+STORE_TABLES = frozenset({"jobs", "targets", "job_bytes"})
 
 
 class _Conn(sqlite3.Connection):
@@ -90,28 +92,36 @@ class SQLiteDatabase(Database):
     def _check_version(self) -> None:
         """Refuse to read a file whose schema is not this library's."""
         (version,) = self._conn.execute("PRAGMA user_version").fetchone()
-        if version == 0:
+        tables = self._tables()
+        if version == 0 or not set(tables) >= STORE_TABLES:
             raise StoreError(f"{self.path!r} is not a store file (it holds no store tables)")
         check_readable(self.path, version)
 
     def _refuse_foreign(self) -> None:
         """Refuse, before writing anything (even the switch to WAL), a
-        database file that holds other tables and no store schema."""
+        database file of another application's: other tables and no store
+        schema, whatever its ``user_version`` says (another application may
+        number its own schema there too)."""
         (version,) = self._conn.execute("PRAGMA user_version").fetchone()
-        if version:
-            return
-        others = [
+        tables = self._tables()
+        if not tables and not version:
+            return  # a new, empty file: the store's to set up
+        if set(tables) >= STORE_TABLES:
+            return  # a store, of this library's version or another's
+        shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+        what = f"other tables ({shown})" if tables else f"no table, but user_version {version}"
+        raise StoreError(
+            f"{self.path!r} is not a store file: it holds {what} and no store schema;"
+            " open another path"
+        )
+
+    def _tables(self) -> list[str]:
+        return [
             name
             for (name,) in self._conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
             )
         ]
-        if others:
-            raise StoreError(
-                f"{self.path!r} is not a store file: it holds other tables"
-                f" ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''})"
-                " and no store schema; open another path"
-            )
 
     def _migrate(self) -> None:
         with self.transaction() as conn:

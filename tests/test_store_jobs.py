@@ -86,6 +86,27 @@ def test_a_file_of_another_application_is_refused_untouched(tmp_path: Path) -> N
     assert sqlite_pragma(path, "user_version") == 0
 
 
+@pytest.mark.parametrize("version", [0, 7, 1000])
+def test_a_file_another_application_numbered_is_refused_untouched(
+    tmp_path: Path, version: int
+) -> None:
+    """Another application's database, whatever it keeps in user_version
+    (it may number its own schema there), is not a store: refused as such,
+    never told to upgrade, and left as it was (not switched to WAL)."""
+    path = tmp_path / "theirs.sqlite3"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE invoices (id)")
+        conn.execute(f"PRAGMA user_version = {version:d}")
+        conn.commit()
+    before = path.read_bytes()
+    for readonly in (False, True):
+        with pytest.raises(store.StoreError, match="is not a store file") as info:
+            store.open(path, readonly=readonly)
+        assert "upgrade" not in str(info.value)
+    assert path.read_bytes() == before
+    assert sqlite_pragma(path, "journal_mode") == "delete"
+
+
 def test_reopen_keeps_data(tmp_path: Path) -> None:
     """Data written before close is there after reopening the same file."""
     path = tmp_path / "jobs.sqlite3"
@@ -164,6 +185,7 @@ def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
     """A file written by a newer library is not touched: the error names the
     file and tells the user to upgrade."""
     path = tmp_path / "future.sqlite3"
+    store.open(path).close()
     with contextlib.closing(sqlite3.connect(path)) as conn:
         conn.execute(f"PRAGMA user_version = {VERSION + 1:d}")
         conn.commit()
