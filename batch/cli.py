@@ -202,14 +202,13 @@ def _follow(
     reason = why()
     cancelled = live.cancel()
     inflight = live.runner.statistics().inflight
-    live.close()  # the board's last lines go before the message, which stays on screen
     if reason != "gone":
-        print(
-            f"batch: {reason}: cancelled {cancelled} job(s); stored the {inflight} target(s)"
-            " in flight",
-            file=sys.stderr,
-            flush=True,
+        # On a terminal, below the board, where its last redraws keep it.
+        live.note(
+            f"batch: {reason}: cancelled {cancelled} job(s); storing the {inflight} target(s)"
+            " in flight"
         )
+    live.close()
     return reason
 
 

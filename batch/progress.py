@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -136,13 +137,24 @@ class Board:
         self._start = time.monotonic()
         self._next_print = self._start
         self._drawn: list[str] = []  # live: the lines on the screen now
+        self._notes: list[str] = []  # live: lines kept below the jobs'
         self._printed: dict[str, tuple[object, ...]] = {}  # plain: each job's last state shown
+
+    def note(self, line: str, err: TextIO) -> None:
+        """Say ``line`` to the person watching: on a live board, below the
+        jobs' lines, where later redraws keep it; else on ``err``."""
+        if not self._live:
+            err.write(line + "\n")
+            err.flush()
+            return
+        self._notes.append(line)
+        self._redraw(self._drawn[: len(self._drawn) - len(self._notes) + 1], force=True)
 
     def show(self, rows: Mapping[str, store.JobSummary], *, final: bool = False) -> None:
         """Show the jobs as ``rows`` (by job id) has them."""
         now = time.monotonic()
         lines = self._lines(rows, now)
-        if self._live and len(lines) < shutil.get_terminal_size().lines:
+        if self._live and len(lines) + len(self._notes) < shutil.get_terminal_size().lines:
             self._redraw([text for _, text in lines])
         elif final or now >= self._next_print:
             # More jobs than the terminal has lines cannot be redrawn in place.
@@ -178,8 +190,11 @@ class Board:
             )
         return out
 
-    def _redraw(self, lines: list[str]) -> None:
-        if lines == self._drawn:
+    def _redraw(self, lines: list[str], *, force: bool = False) -> None:
+        """Draw the jobs' ``lines`` and the notes below them, over what was
+        drawn before."""
+        lines = lines + self._notes
+        if lines == self._drawn and not force:
             return
         # A line wider than the terminal would wrap, and moving up by the
         # number of lines drawn would then land in the wrong place.
@@ -274,6 +289,10 @@ class LiveRun:
                 self._refresh()
                 last = time.monotonic()
         return False
+
+    def note(self, line: str) -> None:
+        """Say ``line`` to the person watching (see :meth:`Board.note`)."""
+        self._board.note(line, sys.stderr)
 
     def ended(self) -> bool:
         """Whether every job has ended, as last read."""

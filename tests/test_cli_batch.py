@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import pytest
 
 import batch
 import store
-from tests.helpers import serving
+from tests.helpers import serving, within
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -455,3 +457,118 @@ def test_bad_input_is_one_line_on_stderr(
     assert done.stderr.count("\n") == 1, done.stderr
     assert re.match(f"batch: .*{message}", done.stderr), done.stderr
     assert "Traceback" not in done.stderr
+
+
+# -- stopping a fetch: SIGTERM, a reader gone, Ctrl-C on a terminal -----------------------
+
+
+def test_sigterm_cancels_stores_what_was_in_flight_and_leaves_no_part_file(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    """SIGTERM is Ctrl-C's twin: the live jobs are cancelled, the target in
+    flight is stored, no half-saved file is left, exit 143."""
+    urls = [upstream.url(p) for p in ("/hold", "/ok/after-1", "/ok/after-2")]
+    db, saves = tmp_path / "jobs.sqlite3", tmp_path / "saves"
+    with subprocess.Popen(
+        command("fetch", url_file(tmp_path, *urls), "--db", db, "--save", saves),
+        cwd=REPO,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert upstream.arrived.wait(WAIT)
+        proc.send_signal(signal.SIGTERM)
+        said = proc.stderr.readline() if proc.stderr else ""
+        upstream.release.set()
+        out, rest = proc.communicate(timeout=WAIT)
+    assert said.startswith("batch: terminated: cancelled 1 job(s); storing the 1"), said
+    assert (proc.returncode, rest) == (143, ""), out
+    [job] = stored(db)
+    assert job.status == "cancelled"
+    assert [t.status for t in job.targets] == ["done", "pending", "pending"]
+    assert sorted(p.name for p in saves.iterdir()) == [
+        json.loads(job.targets[0].result or "")["file"]
+    ]
+
+
+def test_a_reader_that_goes_away_stops_the_fetch_quietly(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    """fetch --json | head -1: the fetch stops once head is gone, exits 0
+    with nothing on stderr, and leaves no job running in the store."""
+    urls = [upstream.url(f"/ok/{n}") for n in range(200)]
+    db = tmp_path / "jobs.sqlite3"
+    pipeline = " ".join(
+        map(shlex.quote, command("fetch", url_file(tmp_path, *urls), "--db", db, "--json"))
+    )
+    done = subprocess.run(
+        ["bash", "-c", f"{pipeline} 2>{tmp_path}/err | head -1; echo ${{PIPESTATUS[0]}}"],
+        cwd=REPO,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+    )
+    first, status = done.stdout.splitlines()
+    assert json.loads(first)["status"] == "done"
+    assert status == "0"
+    err = (tmp_path / "err").read_text()  # the progress lines go there; no error does
+    assert "batch:" not in err and "Traceback" not in err, err
+    assert {job.status for job in stored(db)} <= {"done", "cancelled"}
+
+
+def test_ctrl_c_on_a_terminal_leaves_the_board_and_the_message_on_screen(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    """Under a real terminal (tmux), the live board redraws in place; after
+    Ctrl-C the board's last state stays, and the line saying what was
+    cancelled stays below it, not drawn over."""
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    urls = [upstream.url(p) for p in ("/hold", "/ok/after-1")]
+    db = tmp_path / "jobs.sqlite3"
+    env = " ".join(
+        f"{k}={shlex.quote(v)}"
+        for k, v in environment().items()
+        if k in ("PYTHONPATH", "NO_PROXY", "PATH", "HOME")
+    )
+    cmd = " ".join(map(shlex.quote, command("fetch", url_file(tmp_path, *urls), "--db", db)))
+    socket = f"batch-test-{os.getpid()}"
+    tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
+    subprocess.run(
+        [
+            *tmux,
+            "new-session",
+            "-d",
+            "-x",
+            "120",
+            "-y",
+            "30",
+            f"env -i {env} TERM=xterm {cmd}; echo EXIT=$?; cat",
+        ],
+        cwd=REPO,
+        check=True,
+        timeout=WAIT,
+    )
+    try:
+
+        def screen() -> str:
+            return subprocess.run(
+                [*tmux, "capture-pane", "-p"], capture_output=True, text=True, check=True
+            ).stdout
+
+        assert upstream.arrived.wait(WAIT)
+        assert within(WAIT, lambda: "[" in screen()), screen()
+        subprocess.run([*tmux, "send-keys", "C-c"], check=True)
+        assert within(WAIT, lambda: "cancelled 1 job(s)" in screen()), screen()
+        upstream.release.set()
+        assert within(WAIT, lambda: "EXIT=" in screen()), screen()
+        lines = [line.rstrip() for line in screen().splitlines() if line.strip()]
+    finally:
+        subprocess.run([*tmux, "kill-server"], check=False)
+    said = next(i for i, line in enumerate(lines) if "cancelled 1 job(s)" in line)
+    assert lines[said].startswith("batch: interrupted: cancelled 1 job(s)"), lines
+    assert "127.0.0.1" in lines[said - 1] and "cancelled" in lines[said - 1], lines
+    assert lines[-1] == "EXIT=130", lines
