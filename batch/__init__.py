@@ -6,6 +6,8 @@ with store.open("jobs.sqlite3") as db, batch.Runner(db, fetch) as runner:
     job = runner.wait(batch.Caller("alice"), job_id, timeout=30)
 """
 
+from store import __version__
+
 from .context import Context
 from .errors import BatchError, InvalidJob, JobNotFound, RetryLater, RunnerClosed, TargetError
 from .hooks import Hooks
@@ -30,4 +32,5 @@ __all__ = [
     "Target",
     "TargetError",
     "TargetStatus",
+    "__version__",
 ]

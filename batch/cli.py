@@ -8,7 +8,8 @@
   ``--per-host N`` deals each host's URLs among N jobs (N at once per
   host); ``--in-order`` makes the list one job, fetched in its order.
   Results go to the store; ``--save DIR`` keeps the bodies.
-- ``requeue JOB``: fetch the failed URLs of a job again, as a new job.
+- ``requeue JOB``: fetch again, as a new job, the URLs of a job that did not
+  end done (its failures, and what a cancelled job left pending).
 - ``jobs``, ``status JOB``, ``targets JOB``, ``wait JOB``: read a store,
   never write it. ``cancel JOB``: cancel a live job, whichever process runs
   it. A job id may be shortened to any prefix only that job's id starts
@@ -53,6 +54,7 @@ from store.console import (
     Output,
     Parser,
     add_db,
+    add_version,
     bytes_size,
     count,
     moment,
@@ -119,15 +121,17 @@ def _fetch(args: argparse.Namespace) -> Output:
 
 
 def _requeue(args: argparse.Namespace) -> Output:
-    """Fetch the failed URLs of JOB again, as a new job."""
+    """Fetch again, as a new job, the URLs of JOB that did not end done."""
     with store.open(args.db, readonly=True) as db:
         job = _find(db, args.job)
-    failed = [t.ref for t in job.targets if t.status == "failed"]
+    # What did not end done: the failures, and what a cancelled or
+    # interrupted job left pending.
+    again = [t.ref for t in job.targets if t.status != "done"]
     if job.status in ("queued", "running"):
         raise Failure(f"job {job.id[:SHORT_ID]} is still {job.status}: requeue it once it ended")
-    if not failed:
-        raise Failure(f"job {job.id[:SHORT_ID]} has no failed target")
-    return _run_urls(args, [(f"again: {job.name or job.id[:SHORT_ID]}", failed)])
+    if not again:
+        raise Failure(f"job {job.id[:SHORT_ID]} has nothing to fetch again: every target is done")
+    return _run_urls(args, [(f"again: {job.name or job.id[:SHORT_ID]}", again)])
 
 
 def _run_urls(args: argparse.Namespace, jobs: list[tuple[str, list[str]]]) -> Output:
@@ -463,6 +467,7 @@ def _job_table(jobs: Sequence[store.JobSummary]) -> str:
 def _parser(prog: str) -> Parser:
     parser = Parser(prog=prog, description="Run and inspect batch jobs.")
     also_db = add_db(parser, BATCH_DB, DEFAULT_DB)
+    add_version(parser)
     as_json = Parser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON, one object per line")
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")

@@ -7,6 +7,9 @@ with store.open("postgresql://app@db.internal/jobs") as db:  # pip install 'batc
     ...
 """
 
+#: The version of batch-store (both packages).
+__version__ = "0.2.0"
+
 from .db import CANCELLED, RESYNC, WORK
 from .errors import Conflict, InvalidRun, NotFound, StoreError, Unsatisfiable
 from .jobs import JobRow, JobSummary, Lease, Stored, TargetOutcome, TargetRow
@@ -42,6 +45,7 @@ __all__ = [
     "TargetOutcome",
     "TargetRow",
     "Unsatisfiable",
+    "__version__",
     "ended_status",
     "label",
     "open",

@@ -27,6 +27,7 @@ from .console import (
     Output,
     Parser,
     add_db,
+    add_version,
     count,
     duration,
     moment,
@@ -387,6 +388,7 @@ def build_parser(prog: str = "python -m store") -> argparse.ArgumentParser:
         description="Look at and steer the runs, nodes and queue of a store.",
     )
     also_db = add_db(parser, STORE_DB, DEFAULT_DB)
+    add_version(parser)
     view = Parser(add_help=False)
     view.add_argument("--json", action="store_true", help="print JSON, one object per line")
     act = Parser(add_help=False, parents=[view])

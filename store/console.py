@@ -41,6 +41,8 @@ __all__ = [
     "Output",
     "Parser",
     "Stop",
+    "add_db",
+    "add_version",
     "bytes_size",
     "count",
     "duration",
@@ -116,6 +118,13 @@ def _name(prog: str) -> str:
     ``batch-runner`` for ``batch-runner fetch``."""
     words = prog.split()
     return words[2] if words[:2] == ["python", "-m"] and len(words) > 2 else words[0]
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    """Add ``--version``: the name and version of the install."""
+    from . import __version__  # noqa: PLC0415 - the package imports this module
+
+    parser.add_argument("--version", action="version", version=f"batch-store {__version__}")
 
 
 def add_db(
