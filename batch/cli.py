@@ -75,6 +75,8 @@ __all__ = ["console_main", "main"]
 BATCH_DB = "BATCH_DB"
 DEFAULT_DB = "batch.sqlite3"
 JOB_STATUSES = ("queued", "running", "done", "failed", "partial", "cancelled")
+#: A job that ended in one of these did not do all it was asked: exit status 1.
+SHORT_OF_DONE = ("failed", "partial", "cancelled")
 #: Seconds between looks at the store by ``wait``.
 WAIT_POLL = 0.1
 
@@ -160,7 +162,7 @@ def _run_urls(args: argparse.Namespace, jobs: list[tuple[str, list[str]]]) -> Ou
         return Output(None, "")  # the reader went away: it has what it wanted
     if stopped:
         return Output(None, "", _stopped_status(stopped))
-    ended_badly = any(live.status(job) in ("failed", "partial") for job in live.jobs)
+    ended_badly = any(live.status(job) in SHORT_OF_DONE for job in live.jobs)
     return Output(None, "", EXIT_FAILED if ended_badly else 0)
 
 
@@ -305,7 +307,7 @@ def _jobs(args: argparse.Namespace) -> Output:
 
 
 def _status(args: argparse.Namespace) -> Output:
-    """One job's summary; status 1 if it ended failed or partial."""
+    """One job's summary; status 1 if it ended failed, partial or cancelled."""
     with store.open(args.db, readonly=True) as db:
         job = _summary(_find(db, args.job))
     return _job_output(job)
@@ -408,7 +410,7 @@ def _summary(job: store.JobRow) -> store.JobSummary:
 
 
 def _job_output(job: store.JobSummary) -> Output:
-    """One job, as ``status`` shows it; status 1 if it ended failed or partial."""
+    """One job, as ``status`` shows it; status 1 if it ended short of done."""
     fields = {
         "job": job.id,
         "name": job.name or "-",
@@ -420,7 +422,7 @@ def _job_output(job: store.JobSummary) -> Output:
         "updated": f"{moment(job.updated_at)} ({job.updated_at - job.created_at:.1f}s later)",
     }
     text = "\n".join(f"{key:<8} {value}" for key, value in fields.items())
-    return Output(_job_json(job), text, EXIT_FAILED if job.status in ("failed", "partial") else 0)
+    return Output(_job_json(job), text, EXIT_FAILED if job.status in SHORT_OF_DONE else 0)
 
 
 def _job_json(job: store.JobSummary) -> dict[str, Any]:

@@ -37,8 +37,8 @@ RETRY_BEAT = 0.5
 
 #: The hint stored with a target left pending by a runner that is gone.
 INTERRUPTED_HINT = (
-    "the runner stopped before fetching this target; submit it again,"
-    " or pass Config(resume=...) to go on with such jobs"
+    "its runner stopped before fetching it: fetch it again with batch-runner requeue"
+    " or Runner.requeue_failed, or give runners Config(resume=...) to go on with such jobs"
 )
 
 Resume = Callable[[str], Any] | None

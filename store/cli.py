@@ -17,6 +17,7 @@ run or node is not found; 130 when interrupted; 143 on SIGTERM.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -141,7 +142,9 @@ def node_table(nodes: Iterable[NodeView], now: float) -> str:
 
 RUN_HEADER = ("RUN", "STATE", "REASON", "STEPS", "CREATED", "TIME")
 QUEUE_HEADER = ("#", "RUN", "WAITED", "STEPS", "NEEDS")
-STEP_HEADER = ("SEQ", "NAME", "KIND", "NEEDS", "STATE", "NODE")
+STEP_HEADER = ("SEQ", "NAME", "KIND", "NEEDS", "STATE", "NODE", "OUTPUT")
+#: How much of a step's output the ``show`` table gives; ``--json`` gives it all.
+OUTPUT_WIDTH = 40
 
 
 def waited(run: RunView, now: float) -> float:
@@ -230,6 +233,12 @@ def run_summary(run: RunView, record: dict[str, Any], now: float) -> str:
     )
 
 
+def clip(text: str) -> str:
+    """``text`` on one line of at most ``OUTPUT_WIDTH`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= OUTPUT_WIDTH else text[: OUTPUT_WIDTH - 1] + "\u2026"
+
+
 def step_table(run: RunView) -> str:
     """The run's steps as a table, each node by id and human name."""
     names = {a.seq: a.node_name for a in run.assigned}
@@ -243,6 +252,7 @@ def step_table(run: RunView) -> str:
                 labels(s.needs) or EMPTY,
                 s.state,
                 f"{s.node} ({names[s.seq]})" if s.seq in names else s.node or EMPTY,
+                EMPTY if s.output is None else clip(json.dumps(s.output, separators=(",", ":"))),
             )
             for s in run.steps
         ),

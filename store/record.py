@@ -122,6 +122,12 @@ def get_record(conn: Tx, run_id: str) -> dict[str, Any]:
     }
     if sealed_digest is not None:
         out["digest"] = sealed_digest
+    else:
+        # An open Record shows where its run is now; the seal fixes the states.
+        now = dict(conn.execute("SELECT seq, state FROM steps WHERE run_id = ?", (run_id,)))
+        for step in out["steps"]:
+            step["state"] = now.get(step["seq"], step["state"])
+        (out["state"],) = conn.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()
     return out
 
 

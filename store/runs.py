@@ -169,9 +169,17 @@ def get(conn: Tx, run_id: str) -> RunView:
         raise NotFound(f"no run {run_id!r}")
     state, reason, created_at, started_at, ended_at, warnings = row
     steps = tuple(
-        StepView(seq, name, kind, frozenset(json.loads(needs)), step_state, node_id)
-        for seq, name, kind, needs, step_state, node_id in conn.execute(
-            "SELECT seq, name, kind, needs, state, node_id FROM steps WHERE run_id = ?"
+        StepView(
+            seq,
+            name,
+            kind,
+            frozenset(json.loads(needs)),
+            step_state,
+            node_id,
+            None if output is None else json.loads(output),
+        )
+        for seq, name, kind, needs, step_state, node_id, output in conn.execute(
+            "SELECT seq, name, kind, needs, state, node_id, output FROM steps WHERE run_id = ?"
             " ORDER BY seq",
             (run_id,),
         )

@@ -92,7 +92,8 @@ class NodeView:
 
 @dataclass(frozen=True, slots=True)
 class StepView:
-    """A step as stored; ``node`` is ``""`` until the run is placed."""
+    """A step as stored; ``node`` is ``""`` until the run is placed;
+    ``output`` is what its node reported with it (decoded JSON), if any."""
 
     seq: int
     name: str
@@ -100,6 +101,20 @@ class StepView:
     needs: frozenset[str]
     state: str
     node: str
+    output: Any = None
+
+
+def _step_dict(step: StepView) -> dict[str, Any]:
+    """A step in the wire view; ``output`` only once a node reported one."""
+    out: dict[str, Any] = {
+        "seq": step.seq,
+        "name": step.name,
+        "state": step.state,
+        "node": step.node,
+    }
+    if step.output is not None:
+        out["output"] = step.output
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +137,7 @@ class RunView:
         out: dict[str, Any] = {
             "run_id": self.run_id,
             "state": self.state,
-            "steps": [
-                {"seq": s.seq, "name": s.name, "state": s.state, "node": s.node} for s in self.steps
-            ],
+            "steps": [_step_dict(s) for s in self.steps],
             "warnings": list(self.warnings),
         }
         if self.assigned:

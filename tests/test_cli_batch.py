@@ -320,6 +320,76 @@ def test_ctrl_c_cancels_and_stores_what_was_in_flight(tmp_path: Path, upstream: 
     assert upstream.asked("/ok/after-1") == 0
 
 
+def test_requeue_fetches_again_only_what_did_not_end_done(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    db = tmp_path / "jobs.sqlite3"
+    urls = [upstream.url(p) for p in ("/ok/a", "/missing", "/broken")]
+    first = cli("fetch", url_file(tmp_path, *urls), "--in-order", "--db", db)
+    assert first.returncode == 1, first  # partial
+    [job] = stored(db)
+
+    again = cli("requeue", job.id[:8], "--db", db)
+    assert again.returncode == 1, again  # the same two fail again
+    old, new = stored(db)
+    assert old == job  # the job requeued is left as it was
+    assert new.name == "again: urls.txt"
+    assert [t.ref for t in new.targets] == urls[1:]
+    assert (upstream.asked("/ok/a"), upstream.asked("/missing")) == (1, 2)
+
+    done = cli("fetch", url_file(tmp_path, upstream.url("/ok/b")), "--db", db)
+    assert done.returncode == 0, done
+    nothing = cli("requeue", stored(db)[-1].id, "--db", db)
+    assert nothing.returncode == 1
+    assert nothing.stderr.endswith("has nothing to fetch again: every target is done\n")
+    assert len(stored(db)) == 3
+
+
+def test_wait_and_cancel_reach_a_job_another_process_runs(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    """``wait`` follows a job run elsewhere to its end; ``cancel`` stops it
+    there: the target in flight is stored, the rest are never asked for."""
+    db = tmp_path / "jobs.sqlite3"
+    urls = [upstream.url("/hold"), upstream.url("/ok/later")]
+    with subprocess.Popen(
+        command("fetch", url_file(tmp_path, *urls), "--in-order", "--db", db),
+        cwd=REPO,
+        env=environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as fetching:
+        assert upstream.arrived.wait(WAIT)
+        [job] = stored(db)
+        still = cli("wait", job.id, "--db", db, "--timeout", "0.2")
+        assert still.returncode == 1
+        assert still.stderr.endswith("is still running after 0.2s\n"), still.stderr
+        with subprocess.Popen(
+            command("wait", job.id, "--db", db, "--json"),
+            cwd=REPO,
+            env=environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as waiting:
+            cancel = cli("cancel", job.id[:8], "--db", db, "--json")
+            assert cancel.returncode == 0, cancel
+            shown = json.loads(cancel.stdout)
+            assert (shown["status"], shown["cancelled"]) == ("cancelled", True)
+            upstream.release.set()
+            out, err = waiting.communicate(timeout=WAIT)
+        assert fetching.wait(timeout=WAIT) == 1  # its job ended cancelled
+    assert (waiting.returncode, err) == (1, "")
+    assert json.loads(out)["status"] == "cancelled"
+    [job] = stored(db)
+    assert [t.status for t in job.targets] == ["done", "pending"]
+    assert upstream.asked("/ok/later") == 0
+
+    again = cli("cancel", job.id, "--db", db)
+    assert again.returncode == 1
+    assert again.stdout.rstrip().endswith("had ended already: nothing cancelled")
+
+
 # -- jobs, status, targets -------------------------------------------------------------
 
 

@@ -715,6 +715,21 @@ def test_a_report_with_output_that_is_not_json_is_invalid(db: store.Store, outpu
     assert db.report_step("n1", "r", claim.seq, ok=True, output={"ok": 1}).state == "SUCCEEDED"
 
 
+def test_a_steps_output_is_kept_and_shown_with_the_run(db: store.Store) -> None:
+    """What a node reports comes back decoded in the run's view and its wire
+    form; a step with nothing reported shows no output key."""
+    advertise(db, "n1", "a")
+    db.submit_run([step("x", "a"), step("y", "a")], run_id="r")
+    claim = db.claim_step("n1")
+    assert claim is not None
+    db.report_step("n1", "r", claim.seq, ok=True, output={"lines": ["ok"], "code": 0})
+    view = db.get_run("r")
+    assert [s.output for s in view.steps] == [{"lines": ["ok"], "code": 0}, None]
+    wire = view.to_dict()["steps"]
+    assert wire[0]["output"] == {"lines": ["ok"], "code": 0}
+    assert "output" not in wire[1]
+
+
 # -- heartbeat --------------------------------------------------------------------
 
 
@@ -826,6 +841,25 @@ def test_an_unsealed_record_has_no_digest(db: store.Store) -> None:
     assert "digest" not in rec
     assert rec["run_id"] == "r"
     assert rec["state"] == "RUNNING"
+
+
+def test_an_open_record_follows_its_run_and_the_seal_fixes_it(db: store.Store) -> None:
+    """Until it is sealed a Record shows the run's and its steps' states now;
+    once sealed it no longer changes."""
+    advertise(db, "n1", "linux")
+    db.submit_run([step("a", "linux"), step("b", "linux")], run_id="r")
+    claim = db.claim_step("n1")
+    assert claim is not None
+    rec = db.record("r")
+    assert rec["state"] == "RUNNING"
+    assert [s["state"] for s in rec["steps"]] == ["RUNNING", "PENDING"]
+    db.report_step("n1", "r", claim.seq, ok=True)
+    assert [s["state"] for s in db.record("r")["steps"]] == ["SUCCEEDED", "PENDING"]
+    finish(db, "n1", "r")
+    sealed = db.record("r")
+    assert sealed["state"] == "SUCCEEDED"
+    assert [s["state"] for s in sealed["steps"]] == ["SUCCEEDED", "SUCCEEDED"]
+    assert "digest" in sealed
 
 
 # -- the lease primary key --------------------------------------------------------

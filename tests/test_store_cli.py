@@ -4,6 +4,7 @@ real process on a store file prepared through the library, as an operator
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -18,6 +19,7 @@ import pytest
 
 import store
 import store.cli
+import store.console
 from store.store import Store
 
 pytestmark = pytest.mark.timeout(60)
@@ -196,12 +198,25 @@ def test_show_gives_the_steps_and_the_sealed_record(cluster: Path) -> None:
             "NEEDS": "linux",
             "STATE": "SUCCEEDED",
             "NODE": "n1 (box-n1)",
+            "OUTPUT": "-",
         }
     ]
     queued = as_one(cluster, "show", "q-linux")
     assert [s["state"] for s in queued["steps"]] == ["PENDING"] * 3
     assert queued["record"]["sealed_at"] is None
     assert "digest" not in queued["record"]
+
+
+def test_show_gives_what_each_step_reported(cluster: Path) -> None:
+    """``--json`` gives a step's output whole; the table a line of it."""
+    with store.open(cluster) as db:
+        claim = db.claim_step("n1")
+        assert claim is not None and claim.run_id == "busy1"
+        db.report_step("n1", "busy1", claim.seq, ok=True, output={"log": "x" * 100, "code": 0})
+    shown = as_one(cluster, "show", "busy1")
+    assert shown["steps"][0]["output"] == {"log": "x" * 100, "code": 0}
+    (row,) = rows(ok(cluster, "show", "busy1").split("\n\n")[1])
+    assert row["OUTPUT"] == '{"log":"' + "x" * 31 + "\u2026"
 
 
 def test_show_exits_1_for_a_run_that_ended_failed(cluster: Path) -> None:
@@ -279,6 +294,18 @@ def test_reap_fails_runs_whose_lease_expired_and_frees_their_node(cluster: Path)
     assert (nodes["n1"]["run_id"], nodes["n2"]["run_id"]) == ("q-any", "busy2")
     assert nodes["n1"]["expires_in"] > 0
     assert as_json(cluster, "reap") == []
+
+
+def test_cancel_ends_a_running_run_and_its_node_goes_to_the_queue(cluster: Path) -> None:
+    cancelled = as_one(cluster, "cancel", "busy1")
+    assert (cancelled["state"], cancelled["cancelled"]) == ("FAILED", True)
+    assert "cancel" in cancelled["reason"]
+    # n1 freed: q-linux, the oldest run that fits it, runs there now.
+    assert by_id(as_json(cluster, "nodes"))["n1"]["run_id"] == "q-linux"
+
+    again = cli("--db", cluster, "cancel", "busy1")
+    assert (again.returncode, again.stderr) == (1, "")
+    assert again.stdout.rstrip().endswith("run busy1 had ended already: nothing cancelled")
 
 
 def test_drain_and_undrain_change_what_nodes_shows(cluster: Path) -> None:
@@ -373,3 +400,25 @@ def test_a_wake_that_fails_after_an_action_is_a_warning_line_not_a_traceback(
 )
 def test_durations_read_the_way_people_write_them(seconds: float, shown: str) -> None:
     assert store.cli.duration(seconds) == shown
+
+
+@pytest.mark.parametrize(
+    ("text", "nbytes"),
+    [
+        ("1048576", 1_048_576),
+        ("512KiB", 512 * 1024),
+        ("1MiB", 1024**2),
+        ("1 mib", 1024**2),
+        ("2.5GB", 2_500_000_000),
+        ("10M", 10_000_000),
+        ("0", 0),
+    ],
+)
+def test_sizes_read_the_way_people_write_them(text: str, nbytes: int) -> None:
+    assert store.console.bytes_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["lots", "-1", "1XB", "1.5.2MiB", "", "MiB"])
+def test_a_size_that_is_not_one_is_refused_saying_what_is_expected(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a size such as"):
+        store.console.bytes_size(text)
