@@ -62,7 +62,7 @@ class SQLiteDatabase(Database):
             # isolation_level=None: the module opens no transaction behind our
             # back; transaction() says BEGIN and COMMIT itself.
             self._conn = sqlite3.connect(
-                _readonly_uri(self.path) if readonly else self.path,
+                _reading_uri(self.path) if readonly else self.path,
                 timeout=BUSY_TIMEOUT,
                 isolation_level=None,
                 check_same_thread=False,
@@ -75,6 +75,7 @@ class SQLiteDatabase(Database):
             # sqlite3.connect reads nothing: these are the first statements to
             # find out that the file is not a database, or cannot be written.
             if readonly:
+                self._conn.execute("PRAGMA query_only = ON")
                 self._check_version()
             else:
                 _patiently(self._refuse_foreign)
@@ -224,9 +225,26 @@ def _check_exists(path: str) -> None:
         raise StoreError(f"no store file at {path!r}: check the path")
 
 
-def _readonly_uri(path: str) -> str:
-    """The URI that opens ``path`` for reading only."""
-    return "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+def _reading_uri(path: str) -> str:
+    """The URI that opens ``path`` for reading, leaving nothing behind:
+
+    - where this process may write the file and its directory, an ordinary
+      connection (the store writes nothing through it: ``transaction``
+      refuses, and so does ``query_only``), so that, the last to close, it
+      removes the -wal and -shm files as a writer does;
+    - else, with a -wal file beside it (a writer has it open), ``mode=ro``,
+      which shares that writer's -wal and -shm;
+    - else nothing can be writing the file (a writer needs a -wal beside
+      it), and ``immutable=1`` reads it as it stands, creating nothing.
+    """
+    full = os.path.abspath(path)
+    if os.access(full, os.W_OK) and os.access(os.path.dirname(full), os.W_OK):
+        mode = "rw"
+    elif os.path.exists(full + "-wal"):
+        mode = "ro"
+    else:
+        mode = "ro&immutable=1"
+    return f"file:{urllib.parse.quote(full)}?mode={mode}"
 
 
 def _create_private(path: str) -> None:

@@ -9,6 +9,7 @@ import itertools
 import os
 import socketserver
 import sqlite3
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -371,3 +372,27 @@ def serving(server: S) -> Iterator[S]:
         server.shutdown()
         server.server_close()
         thread.join(TIMEOUT)
+
+
+@contextlib.contextmanager
+def frozen(*paths: Path) -> Iterator[None]:
+    """Nobody may write ``paths`` (files or directories) while the block runs:
+    their mode bits, or for root, which those do not stop, the immutable
+    attribute. Skips the test where neither can be had."""
+    if os.geteuid() != 0:
+        modes = [p.stat().st_mode for p in paths]
+        for p in paths:
+            p.chmod(0o500 if p.is_dir() else 0o400)
+        try:
+            yield
+        finally:
+            for p, mode in zip(paths, modes, strict=True):
+                p.chmod(mode)
+        return
+    done = subprocess.run(["chattr", "+i", *map(str, paths)], capture_output=True, check=False)
+    try:
+        if done.returncode != 0:
+            pytest.skip("no way to make a file read-only for root here")
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", *map(str, paths)], capture_output=True, check=False)

@@ -22,7 +22,7 @@ import pytest
 
 import batch
 import store
-from tests.helpers import serving, within
+from tests.helpers import frozen, serving, within
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -432,6 +432,16 @@ def test_jobs_lists_the_store(history: tuple[Path, list[str]]) -> None:
     assert [line.split()[:4] for line in table[1:]] == [[ids[-1][:12], "-", "bob", "partial"]]
     assert cli("jobs", "--db", path, "--caller", "carol").stdout == "no jobs\n"
     assert cli("jobs", "--db", path, "--caller", "carol", "--json").stdout == ""
+
+
+def test_views_read_a_store_nobody_may_write(history: tuple[Path, list[str]]) -> None:
+    path, ids = history
+    with frozen(path.parent, path):
+        done = cli("jobs", "--db", path, "--json")
+        assert (done.returncode, done.stderr) == (0, ""), done
+        assert len(done.stdout.splitlines()) == len(ids)
+        assert cli("status", ids[0], "--db", path).returncode == 0
+    assert sorted(p.name for p in path.parent.iterdir()) == ["jobs.sqlite3"]
 
 
 def test_status_and_targets_take_a_unique_prefix(history: tuple[Path, list[str]]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 import batch
 import store
 import store.sqlite
-from tests.helpers import TIMEOUT, Script, trace
+from tests.helpers import TIMEOUT, Script, frozen, trace
 
 
 def test_a_new_store_file_is_private_to_its_owner(tmp_path: Path) -> None:
@@ -80,12 +79,6 @@ def test_a_locked_file_is_named_with_what_to_do(locked: Path) -> None:
     assert "another process holds it locked" in str(e.value)
 
 
-def _immutable(path: Path) -> bool:
-    """Make ``path`` immutable (even to root); False where the system cannot."""
-    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False)
-    return done.returncode == 0
-
-
 def test_a_file_that_cannot_be_written_is_named(tmp_path: Path) -> None:
     """A store in a directory nothing may write (not even root) is refused
     with the file's name and what to do."""
@@ -93,20 +86,47 @@ def test_a_file_that_cannot_be_written_is_named(tmp_path: Path) -> None:
     folder.mkdir()
     path = folder / "x.sqlite3"
     store.open(path).close()
-    if os.geteuid() != 0:
-        folder.chmod(0o500)
-        path.chmod(0o400)
-    elif not (_immutable(path) and _immutable(folder)):
-        pytest.skip("no way to make a file read-only for root here")
-    try:
-        with pytest.raises(store.StoreError) as e:
-            store.open(path)
-        assert str(path) in str(e.value)
-        assert "writ" in str(e.value)
-    finally:
-        if os.geteuid() == 0:
-            subprocess.run(["chattr", "-i", str(folder), str(path)], check=False)
-        folder.chmod(0o700)
+    with frozen(folder, path), pytest.raises(store.StoreError) as e:
+        store.open(path)
+    assert str(path) in str(e.value)
+    assert "writ" in str(e.value)
+
+
+def test_reading_a_store_leaves_no_file_beside_it(tmp_path: Path) -> None:
+    """A read-only open creates nothing that stays: with no writer, the -wal
+    and -shm files go when it closes; a live writer keeps its own."""
+    path = tmp_path / "s.sqlite3"
+    with store.open(path) as db:
+        db.create_job("j", "alice", ["x"])
+    assert [p.name for p in tmp_path.iterdir()] == ["s.sqlite3"]
+    with store.open(path, readonly=True) as ro:
+        assert ro.find_job("j") is not None
+    assert [p.name for p in tmp_path.iterdir()] == ["s.sqlite3"]
+
+    with store.open(path) as writer:
+        with store.open(path, readonly=True) as ro:
+            assert ro.find_job("j") is not None
+        writer.create_job("k", "alice", ["y"])
+        with store.open(path, readonly=True) as ro:
+            assert ro.find_job("k") is not None
+    assert [p.name for p in tmp_path.iterdir()] == ["s.sqlite3"]
+
+
+def test_a_store_nobody_may_write_can_still_be_read(tmp_path: Path) -> None:
+    """In a directory (and a file) nobody may write, a read-only open reads
+    what is stored and creates nothing; a writer is still refused."""
+    folder = tmp_path / "frozen"
+    folder.mkdir()
+    path = folder / "x.sqlite3"
+    with store.open(path) as db:
+        db.create_job("j", "alice", ["x"])
+    for paths in ([folder], [folder, path]):
+        with frozen(*paths):
+            with store.open(path, readonly=True) as ro:
+                assert [s.id for s in ro.list_jobs()] == ["j"]
+            with pytest.raises(store.StoreError, match="writ"):
+                store.open(path)
+        assert [p.name for p in folder.iterdir()] == ["x.sqlite3"]
 
 
 @pytest.mark.parametrize(
