@@ -143,6 +143,7 @@ def node_table(nodes: Iterable[NodeView], now: float) -> str:
 RUN_HEADER = ("RUN", "STATE", "REASON", "STEPS", "CREATED", "TIME")
 QUEUE_HEADER = ("#", "RUN", "WAITED", "STEPS", "NEEDS")
 STEP_HEADER = ("SEQ", "NAME", "KIND", "NEEDS", "STATE", "NODE", "OUTPUT")
+WHY_HEADER = ("SEQ", "STEP", "NEEDS", "NODE", "WHY")
 #: How much of a step's output the ``show`` table gives; ``--json`` gives it all.
 OUTPUT_WIDTH = 40
 
@@ -306,6 +307,61 @@ def queue_command(args: argparse.Namespace) -> Output:
     )
 
 
+def explain_command(args: argparse.Namespace) -> Output:
+    """Why a run waits: its place in the queue, and why no node takes each step."""
+    with open_store(args.db, readonly=True, max_leases_per_run=args.max_leases_per_run) as db:
+        why = db.explain(args.run_id)
+    now = time.time()
+    return Output({"id": why["run_id"], **why}, explanation(why, now))
+
+
+def explanation(why: dict[str, Any], now: float) -> str:
+    """``explain``'s dict for people: where the run stands, then a line per
+    node that could take a step, with why it does not now."""
+    where = why["state"]
+    if why["position"] is not None:
+        where += f", number {why['position']} in the queue"
+        if why["ahead"]:
+            shown = ", ".join(why["ahead"][:3]) + (", ..." if len(why["ahead"]) > 3 else "")
+            where += f" (after {shown})"
+    rows = []
+    for step in why["steps"]:
+        first = (str(step["seq"]), step["name"], labels(step["needs"]) or EMPTY)
+        candidates = step["nodes"] or [None]
+        for i, node in enumerate(candidates):
+            cells = first if i == 0 else ("", "", "")
+            rows.append((*cells, *_why_not(node, now)))
+    if why["state"] != "QUEUED":
+        verdict = f"not waiting: it is {why['state']}"
+    elif all(any(n["why"] is None for n in s["nodes"]) for s in why["steps"]):
+        verdict = "it fits now: the next wake promotes it"
+    else:
+        verdict = "it waits for the nodes below"
+    head = fields(
+        [
+            ("run", why["run_id"]),
+            ("state", where),
+            ("waited", duration(why["waited"])),
+            ("reserving", "yes" if why["reserving"] else "no"),
+            ("verdict", verdict),
+        ]
+    )
+    return head if why["state"] != "QUEUED" else f"{head}\n\n{table(WHY_HEADER, rows)}"
+
+
+def _why_not(node: dict[str, Any] | None, now: float) -> tuple[str, str]:
+    if node is None:
+        return EMPTY, "no node has these caps"
+    name = f"{node['node_id']} ({node['name']})" if node["name"] else node["node_id"]
+    why = node["why"]
+    if why is None:
+        return name, "free"
+    if why == "busy":
+        left = duration(node["lease_until"] - now)
+        return name, f"busy with {node['run_id']} (lease ends in {left})"
+    return name, why
+
+
 def cancel_command(args: argparse.Namespace) -> Output:
     """Cancel a QUEUED or RUNNING run (it ends FAILED, reason cancelled);
     print it. Status 1 if it had ended already."""
@@ -401,20 +457,23 @@ def build_parser(prog: str = "python -m store") -> argparse.ArgumentParser:
     add_version(parser)
     view = Parser(add_help=False)
     view.add_argument("--json", action="store_true", help="print JSON, one object per line")
-    act = Parser(add_help=False, parents=[view])
+    # The service's placement settings, which a view that places in its
+    # head (explain) needs as much as an action that places.
+    settings = Parser(add_help=False, parents=[view])
+    settings.add_argument(
+        "--max-leases-per-run",
+        type=count,
+        default=4,
+        metavar="N",
+        help="the most nodes a run may hold (default: 4)",
+    )
+    act = Parser(add_help=False, parents=[settings])
     act.add_argument(
         "--lease-ttl",
         type=seconds,
         default=30.0,
         metavar="SECONDS",
         help="lifetime of the leases a promotion issues (default: 30)",
-    )
-    act.add_argument(
-        "--max-leases-per-run",
-        type=count,
-        default=4,
-        metavar="N",
-        help="the most nodes a promoted run may hold (default: 4)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -435,6 +494,9 @@ def build_parser(prog: str = "python -m store") -> argparse.ArgumentParser:
     )
     add("show", show_command, view).add_argument("run_id", metavar="RUN", help="the run id")
     add("queue", queue_command, view)
+    add("explain", explain_command, settings).add_argument(
+        "run_id", metavar="RUN", help="the run id"
+    )
     add("cancel", cancel_command, act).add_argument("run_id", metavar="RUN", help="the run id")
     add("wake", wake_command, act)
     add("reap", reap_command, act)

@@ -13,6 +13,7 @@ from typing import Any
 from . import jobs, leases, nodes, queue, record, runs
 from .db import CANCELLED, WORK, Database, Synchronous, Tx
 from .errors import StoreError
+from .explain import explain as explain_run
 from .jobs import JobRow, JobSummary, Lease, Stored, TargetOutcome, TargetRow
 from .leases import Beat
 from .schema import JobStatus
@@ -384,6 +385,13 @@ class Store:
     def record(self, run_id: str) -> dict[str, Any]:
         """The run's Record; sealed (with its digest) once the run ended."""
         return self._db.read(lambda tx: record.get_record(tx, run_id))
+
+    def explain(self, run_id: str) -> dict[str, Any]:
+        """Why the run waits (or waited): its place in the queue, the runs
+        ahead of it, how long it waited, and for each step the nodes whose
+        caps cover it and why each cannot take it now. ``NotFound`` if
+        there is no such run. See :func:`store.explain.explain` for the keys."""
+        return self._db.read(lambda tx: explain_run(tx, run_id, self.max_leases_per_run))
 
     def _wake(self, why: str) -> None:
         """Wake the queue after an event that may have freed capacity. The event

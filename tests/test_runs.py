@@ -998,7 +998,7 @@ def test_generated_run_ids_are_distinct(db: store.Store) -> None:
 
 def test_unknown_runs_are_not_found(db: store.Store) -> None:
     """Reading a run or Record that does not exist is NotFound, also a LookupError."""
-    for read in (db.get_run, db.record):
+    for read in (db.get_run, db.record, db.explain):
         with pytest.raises(store.NotFound) as caught:
             read("nope")
         assert isinstance(caught.value, LookupError)
@@ -1038,6 +1038,71 @@ def test_open_rejects_bad_settings(tmp_path: Path, settings: dict[str, Any]) -> 
     """Settings that make no sense are refused when the store is opened."""
     with pytest.raises(ValueError):
         store.open(tmp_path / "x.sqlite3", **settings)
+
+
+# -- explain --------------------------------------------------------------------
+
+
+def test_explain_says_where_a_run_stands_and_why_each_node_does_not_take_it(
+    db: store.Store, clock: Clock
+) -> None:
+    advertise(db, "n1", "linux")
+    advertise(db, "n2", "gpu", "linux")
+    advertise(db, "n3", "linux")
+    db.drain("n3")
+    db.submit_run([step("s", "linux")], run_id="busy")
+    db.submit_run([step("s", "gpu")], run_id="first")
+    assert db.submit_run([step("s", "linux")], run_id="ahead").state == "QUEUED"
+    clock.tick(10)
+    db.submit_run([step("build", "linux"), step("train", "gpu")], run_id="r")
+    clock.tick(5)
+
+    why = db.explain("r")
+    assert {k: why[k] for k in ("run_id", "state", "position", "ahead", "reserving")} == {
+        "run_id": "r",
+        "state": "QUEUED",
+        "position": 2,
+        "ahead": ["ahead"],
+        "reserving": False,
+    }
+    assert why["waited"] == pytest.approx(5.0)
+    (n1, n2, n3), (gpu,) = (s["nodes"] for s in why["steps"])
+    until = clock.now - 15 + 30  # busy's lease, issued 15 seconds ago
+    assert n1 == {
+        "node_id": "n1",
+        "name": "box-n1",
+        "why": "busy",
+        "run_id": "busy",
+        "lease_until": pytest.approx(until),
+    }
+    assert (n2["why"], n2["run_id"]) == ("busy", "first")
+    assert n3 == {"node_id": "n3", "name": "box-n3", "why": "draining"}
+    assert gpu["node_id"] == "n2"
+    assert [(s["seq"], s["name"], s["needs"], s["node"]) for s in why["steps"]] == [
+        (1, "build", ["linux"], ""),
+        (2, "train", ["gpu"], ""),
+    ]
+
+    running = db.explain("busy")
+    assert (running["state"], running["position"], running["ahead"]) == ("RUNNING", None, [])
+    assert running["waited"] == 0.0
+    assert running["steps"][0]["node"] == "n1"
+
+
+def test_explain_calls_free_nodes_over_max_leases_when_only_that_stops_the_run(
+    tmp_path: Path,
+) -> None:
+    with store.open(tmp_path / "x.sqlite3", max_leases_per_run=1) as db:
+        advertise(db, "n1", "linux")
+        advertise(db, "n2", "gpu")
+        advertise(db, "both", "gpu", "linux")
+        db.submit_run([step("hold", "gpu", "linux")], run_id="holder")
+        db.submit_run([step("a", "linux"), step("b", "gpu")], run_id="r")
+        nodes = [[(n["node_id"], n["why"]) for n in s["nodes"]] for s in db.explain("r")["steps"]]
+        assert nodes == [
+            [("both", "busy"), ("n1", "over max_leases_per_run")],
+            [("both", "busy"), ("n2", "over max_leases_per_run")],
+        ]
 
 
 # -- the wire view --------------------------------------------------------------

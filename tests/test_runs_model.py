@@ -551,6 +551,47 @@ class RunQueueMachine(RuleBasedStateMachine):
                 first = self.sealed.setdefault(run.run_id, rec)
                 assert rec == first, f"the sealed Record of {run.run_id} changed"
 
+    @invariant()
+    def explain_tells_the_truth(self) -> None:
+        """For each QUEUED run, ``explain`` gives its place in the queue and,
+        for each step, every node that covers it: busy ones hold a lease (of
+        the run named), draining ones drain, and a free one could take the
+        step now; free nodes are called over max_leases_per_run exactly when
+        only that keeps the run from being placed."""
+        model = self.model
+        queued = [r.run_id for r in model.runs if r.state == "QUEUED"]
+        unavailable = model.unavailable()
+        for position, run_id in enumerate(queued, 1):
+            why = self.db.explain(run_id)
+            run = model.run(run_id)
+            assert (why["state"], why["position"], why["ahead"]) == (
+                "QUEUED",
+                position,
+                queued[: position - 1],
+            )
+            assert why["reserving"] is False
+            every_step_has_a_node = all(
+                any(n not in unavailable and needs <= model.nodes[n].caps for n in model.nodes)
+                for _, needs in run.needs()
+            )
+            over = every_step_has_a_node and model.place(run.needs(), free=False) is None
+            if self.settled:
+                assert not every_step_has_a_node or over, f"{run_id} fits: a wake placed it"
+            for step, (seq, needs) in zip(why["steps"], run.needs(), strict=True):
+                assert (step["seq"], set(step["needs"])) == (seq, needs)
+                covering = sorted(n for n, node in model.nodes.items() if needs <= node.caps)
+                assert [n["node_id"] for n in step["nodes"]] == covering
+                for node in step["nodes"]:
+                    node_id = node["node_id"]
+                    if node_id in model.leases:
+                        assert node["why"] == "busy"
+                        assert node["run_id"] == model.leases[node_id]
+                    elif model.nodes[node_id].draining:
+                        assert node["why"] == "draining"
+                    else:
+                        assert node_id not in unavailable
+                        assert node["why"] == ("over max_leases_per_run" if over else None)
+
 
 SETTINGS = settings(
     max_examples=250,

@@ -21,6 +21,7 @@ import store
 import store.cli
 import store.console
 from store.store import Store
+from tests.helpers import frozen
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -219,6 +220,31 @@ def test_show_gives_what_each_step_reported(cluster: Path) -> None:
     assert row["OUTPUT"] == '{"log":"' + "x" * 31 + "\u2026"
 
 
+def test_explain_says_why_a_queued_run_waits(cluster: Path) -> None:
+    why = as_one(cluster, "explain", "q-linux")
+    assert (why["id"], why["position"], why["ahead"]) == ("q-linux", 2, ["q-gpu"])
+    build = why["steps"][0]["nodes"]
+    assert [(n["node_id"], n["why"], n.get("run_id")) for n in build] == [
+        ("n1", "busy", "busy1"),
+        ("n2", "busy", "busy2"),
+        ("n3", "draining", None),
+    ]
+    text = ok(cluster, "explain", "q-linux")
+    head, steps = text.split("\n\n")
+    assert re.search(r"^state +QUEUED, number 2 in the queue \(after q-gpu\)$", head, re.M)
+    assert re.search(r"^verdict +it waits for the nodes below$", head, re.M)
+    first = rows(steps)[:3]
+    assert [(r["SEQ"], r["STEP"], r["NODE"]) for r in first] == [
+        ("1", "build", "n1 (box-n1)"),
+        ("", "", "n2 (box-n2)"),
+        ("", "", "n3 (box-n3)"),
+    ]
+    assert first[0]["WHY"].startswith("busy with busy1 (lease ends in ")
+    assert first[2]["WHY"] == "draining"
+    # Not waiting: the head says so and no table follows.
+    assert "verdict    not waiting: it is SUCCEEDED" in ok(cluster, "explain", "done")
+
+
 def test_show_exits_1_for_a_run_that_ended_failed(cluster: Path) -> None:
     done = cli("--db", cluster, "show", "gone", "--json")
     assert (done.returncode, done.stderr) == (1, "")
@@ -242,6 +268,18 @@ def test_views_leave_the_store_file_as_it_was(cluster: Path) -> None:
         ok(cluster, *view)
     assert len(as_json(cluster, "queue")) == 3
     assert state() == before
+
+
+def test_views_work_where_nobody_may_write_and_leave_nothing_behind(cluster: Path) -> None:
+    folder = cluster.parent
+    files = sorted(folder.iterdir())
+    for view in (["nodes"], ["runs"], ["queue"], ["show", "q-linux"]):
+        ok(cluster, *view)
+    assert sorted(folder.iterdir()) == files
+    with frozen(folder, cluster):
+        assert len(as_json(cluster, "queue")) == 3
+        assert by_id(as_json(cluster, "nodes"))["n1"]["run_id"] == "busy1"
+    assert sorted(folder.iterdir()) == files
 
 
 def test_the_store_file_is_db_else_store_db_else_store_sqlite3_here(cluster: Path) -> None:
@@ -335,6 +373,7 @@ def test_drain_and_undrain_change_what_nodes_shows(cluster: Path) -> None:
         pytest.param(["--db", "{tmp}/other.db", "reap"], 1, "not a store file", id="act-other"),
         pytest.param(["show", "nope"], 3, "no run 'nope'", id="unknown-run"),
         pytest.param(["cancel", "nope"], 3, "no run 'nope'", id="cancel-unknown"),
+        pytest.param(["explain", "nope"], 3, "no run 'nope'", id="explain-unknown"),
         pytest.param(["drain", "nope"], 3, "no node 'nope'", id="unknown-node"),
         pytest.param(["undrain", "nope"], 3, "no node 'nope'", id="undrain-unknown"),
         pytest.param(["runs", "--state", "done"], 2, "invalid choice: 'DONE'", id="bad-state"),
