@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from json.scanner import make_scanner
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from store.schema import LIVE_JOB
 
@@ -193,6 +193,12 @@ class Config:
     - ``max_live``: the most jobs the runner holds at once (None: every job
       submitted through it). Further jobs wait ``queued`` in the store, in
       submit order, for any runner on the store with room.
+    - ``fair``: who takes turns. ``"job"`` (rule 1): the live jobs, in
+      submit order. ``"caller"``: the callers with a live job, in the order
+      they came, and then each caller's jobs among themselves in submit
+      order; a caller with many jobs gets no more turns than one with one.
+    - ``weights``: with ``fair="caller"``, ``caller_id -> turns`` a caller
+      takes in a row, each round (1 for a caller not named).
     """
 
     workers: int = 4
@@ -203,6 +209,8 @@ class Config:
     resume: Callable[[str], Any] | None = None
     takeover_after: float = 5.0
     max_live: int | None = None
+    fair: Literal["job", "caller"] = "job"
+    weights: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         _check_int("workers", self.workers, 1)
@@ -215,6 +223,10 @@ class Config:
             _check_int("max_live", self.max_live, 1)
         if self.takeover_after <= 0:
             raise ValueError("Config.takeover_after must be more than 0 seconds")
+        if self.fair not in ("job", "caller"):
+            raise ValueError(f"Config.fair must be 'job' or 'caller', not {self.fair!r}")
+        if self.weights is not None:
+            _check_weights(self.weights, self.fair)
         if self.resume is not None and not callable(self.resume):
             raise TypeError(
                 f"Config.resume must be callable or None, not {type(self.resume).__name__}"
@@ -226,6 +238,18 @@ def _check_int(name: str, value: object, least: int) -> None:
         raise TypeError(f"Config.{name} must be an int, not {type(value).__name__}")
     if value < least:
         raise ValueError(f"Config.{name} must be at least {least}, not {value}")
+
+
+def _check_weights(weights: object, fair: str) -> None:
+    if fair != "caller":
+        raise ValueError("Config.weights gives callers turns: it needs fair='caller'")
+    if not isinstance(weights, Mapping):
+        raise TypeError(f"Config.weights must be a mapping, not {type(weights).__name__}")
+    for key, turns in weights.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"Config.weights keys are caller ids (non-empty str), not {key!r}")
+        if not isinstance(turns, int) or isinstance(turns, bool) or turns < 1:
+            raise ValueError(f"Config.weights[{key!r}] must be an int >= 1, not {turns!r}")
 
 
 def _check_seconds(name: str, value: object) -> None:

@@ -1,10 +1,13 @@
-"""The rotation: live jobs in submit order, and the cursor that makes it fair."""
+"""The rotation: live jobs in submit order, and the cursors that make it fair
+(between jobs, or between callers and then their jobs)."""
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from typing import Generic, TypeVar
 
 import store
@@ -15,6 +18,7 @@ from .model import Target
 __all__ = ["LiveJob", "Rotation"]
 
 C = TypeVar("C")
+K = TypeVar("K")
 
 
 class LiveJob(Generic[C]):
@@ -91,36 +95,182 @@ class LiveJob(Generic[C]):
         return self.next >= len(self.targets)
 
 
+class _Ring(Generic[K]):
+    """Keys with a fixed order, and a cursor: the scan from just after the
+    cursor, wrapping once, in O(log n) a key. Keys after the cursor wait in
+    ``_ahead`` (taken first, lowest order first), those at or before it in
+    ``_behind`` (their turn comes once ``_ahead`` is empty and the scan
+    wraps). :meth:`pop` gives the next key without moving the cursor: its
+    user sets ``cursor`` to the order of the key it accepts, so an entry it
+    drops (of a job that left, say) moves nothing."""
+
+    __slots__ = ("_ahead", "_behind", "cursor")
+
+    def __init__(self) -> None:
+        self._ahead: list[tuple[int, K]] = []
+        self._behind: list[tuple[int, K]] = []
+        self.cursor = -1
+
+    def __bool__(self) -> bool:
+        return bool(self._ahead or self._behind)
+
+    def push(self, order: int, key: K) -> None:
+        heapq.heappush(self._ahead if order > self.cursor else self._behind, (order, key))
+
+    def pop(self) -> tuple[int, K] | None:
+        if not self._ahead:
+            if not self._behind:
+                return None
+            self._ahead, self._behind = self._behind, self._ahead  # wrap
+        return heapq.heappop(self._ahead)
+
+
+def _take(ring: _Ring[str], live: Callable[[str], LiveJob[C] | None]) -> LiveJob[C] | None:
+    """The next live job of ``ring``; the cursor moves to it. Entries of
+    jobs that are not live any more are dropped on the way."""
+    while (entry := ring.pop()) is not None:
+        order, job_id = entry
+        if (job := live(job_id)) is not None:
+            ring.cursor = order
+            return job
+    return None
+
+
+class _ByJob(Generic[C]):
+    """Ready jobs taking turns in submit order: rule 1, ``fair="job"``."""
+
+    __slots__ = ("_jobs",)
+
+    def __init__(self) -> None:
+        self._jobs: _Ring[str] = _Ring()
+
+    def __bool__(self) -> bool:
+        return bool(self._jobs)
+
+    def push(self, job: LiveJob[C]) -> None:
+        self._jobs.push(job.order, job.id)
+
+    def pop(self, live: Callable[[str], LiveJob[C] | None]) -> LiveJob[C] | None:
+        return _take(self._jobs, live)
+
+    def forget(self, owner: str) -> None:
+        """Nothing is kept by caller."""
+
+
+class _ByCaller(Generic[C]):
+    """Ready jobs, callers taking turns (``fair="caller"``): a ring of the
+    callers with a ready job, in the order they came (a caller with no live
+    job left is forgotten, and comes back last), and for each a ring of its
+    ready jobs in submit order. The caller whose turn it is takes up to its
+    weight of turns in a row, each from its next ready job; then the scan
+    moves on to the next caller with a ready job.
+
+    Invariants: ``_queued`` holds the callers with an entry in ``_callers``
+    (at their current order in ``_order``), and every caller with a ready
+    job is queued; a caller entry whose order is not its current one
+    belongs to a caller forgotten since, and is dropped; ``_left`` is how
+    many more turns ``_current`` may take in a row.
+    """
+
+    __slots__ = (
+        "_callers",
+        "_current",
+        "_jobs",
+        "_left",
+        "_order",
+        "_orders",
+        "_queued",
+        "_weights",
+    )
+
+    def __init__(self, weights: Mapping[str, int]) -> None:
+        self._weights = weights
+        self._callers: _Ring[str] = _Ring()
+        self._jobs: dict[str, _Ring[str]] = {}
+        self._order: dict[str, int] = {}
+        self._orders = itertools.count()
+        self._queued: set[str] = set()
+        self._current: str | None = None
+        self._left = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._callers)
+
+    def push(self, job: LiveJob[C]) -> None:
+        owner = job.owner
+        jobs = self._jobs.get(owner)
+        if jobs is None:
+            jobs = self._jobs[owner] = _Ring()
+            self._order[owner] = next(self._orders)
+        jobs.push(job.order, job.id)
+        if owner not in self._queued:
+            self._queued.add(owner)
+            self._callers.push(self._order[owner], owner)
+
+    def pop(self, live: Callable[[str], LiveJob[C] | None]) -> LiveJob[C] | None:
+        if self._left > 0 and self._current is not None:
+            job = _take(self._jobs[self._current], live)
+            if job is not None:
+                self._left -= 1
+                return job
+        while (entry := self._callers.pop()) is not None:
+            order, owner = entry
+            if self._order.get(owner) != order:
+                continue  # a caller forgotten since
+            jobs = self._jobs[owner]
+            job = _take(jobs, live)
+            if job is None:
+                self._queued.discard(owner)
+                continue
+            self._callers.cursor = order
+            self._current, self._left = owner, self._weights.get(owner, 1) - 1
+            if jobs:
+                self._callers.push(order, owner)  # its next turn comes next round
+            else:
+                self._queued.discard(owner)
+            return job
+        return None
+
+    def forget(self, owner: str) -> None:
+        """``owner`` has no live job left: should it come back, it comes last."""
+        self._jobs.pop(owner, None)
+        self._order.pop(owner, None)
+        self._queued.discard(owner)
+        if self._current == owner:
+            self._current, self._left = None, 0
+
+
 class Rotation(Generic[C]):
     """Live jobs in submit order, and the cursor that makes them take turns.
 
-    The order a user sees is that of a scan over the jobs in submit order,
-    starting after the last job picked and wrapping once: the first job that
-    can start a target is next. The rotation gives that order without a
-    scan, in O(log n) per pick whatever the number of live jobs: each job
-    has an ``order`` (its place in submit order), and the jobs ready to
-    start wait in two heaps by order: ``_ahead``, after the cursor (taken
-    first, lowest first), and ``_behind``, at or before it (their turn comes
-    once ``_ahead`` is empty and the scan wraps). A job held back by a retry
-    waits in ``_retry``, by ``retry_at``, until it is due.
+    With ``fair="job"`` (rule 1) the order a user sees is that of a scan
+    over the jobs in submit order, starting after the last job picked and
+    wrapping once: the first job that can start a target is next. With
+    ``fair="caller"`` the callers take turns the same way (each up to its
+    weight of turns in a row), and each caller's jobs take turns among
+    themselves. Either way a pick costs O(log n) whatever the number of live
+    jobs: each job has an ``order`` (its place in submit order), and the jobs
+    ready to start wait in rings (:class:`_Ring`) by order; a job held back
+    by a retry waits in ``_retry``, by ``retry_at``, until it is due.
 
-    Not thread-safe: the runner's lock guards it. Invariants: ``by_id`` holds
-    the live jobs; every entry in ``_ahead`` has an order above ``_cursor``
-    and every entry in ``_behind`` one at or below it; a job has at most one
-    entry in the three heaps (``LiveJob.queued``). Heaps hold job ids, not
-    jobs, so a job that left holds nothing (its caller above all) through
-    an entry not yet popped; such entries, and those of cancelled jobs, are
-    dropped when they come up.
+    Not thread-safe: the runner's lock guards it. Invariants: ``_by_id``
+    holds the live jobs and ``_owners`` counts them by caller; a job has at
+    most one entry in ``_ready`` and ``_retry`` together (``LiveJob.queued``).
+    Rings and heaps hold job ids, not jobs, so a job that left holds
+    nothing (its caller above all) through an entry not yet popped; such
+    entries, and those of cancelled jobs, are dropped when they come up.
     """
 
-    __slots__ = ("_ahead", "_behind", "_by_id", "_cursor", "_orders", "_retry")
+    __slots__ = ("_by_id", "_new", "_orders", "_owners", "_ready", "_retry")
 
-    def __init__(self) -> None:
+    def __init__(self, fair: str = "job", weights: Mapping[str, int] | None = None) -> None:
+        self._new: Callable[[], _ByJob[C] | _ByCaller[C]] = (
+            _ByJob if fair == "job" else functools.partial(_ByCaller, dict(weights or {}))
+        )
         self._by_id: dict[str, LiveJob[C]] = {}
+        self._owners: Counter[str] = Counter()
         self._orders = itertools.count()
-        self._cursor = -1  # the order of the last job picked
-        self._ahead: list[tuple[int, str]] = []
-        self._behind: list[tuple[int, str]] = []
+        self._ready: _ByJob[C] | _ByCaller[C] = self._new()
         self._retry: list[tuple[float, int, str]] = []
 
     def __len__(self) -> int:
@@ -134,6 +284,7 @@ class Rotation(Generic[C]):
         """Append a new job: it is last in the rotation, and offered."""
         job.order = next(self._orders)
         self._by_id[job.id] = job
+        self._owners[job.owner] += 1
         self.offer(job)
 
     def remove(self, job: LiveJob[C]) -> None:
@@ -143,11 +294,15 @@ class Rotation(Generic[C]):
         if self._by_id.get(job.id) is not job:
             return  # taken back since, under a new lease: that one stays
         del self._by_id[job.id]
+        self._owners[job.owner] -= 1
+        if not self._owners[job.owner]:
+            del self._owners[job.owner]
+            self._ready.forget(job.owner)
         if not self._by_id:
             # New containers, not cleared ones: a dict or list keeps the room
             # it grew to, and a runner that once held many jobs would keep it.
-            self._by_id = {}
-            self._ahead, self._behind, self._retry = [], [], []
+            self._by_id, self._owners = {}, Counter()
+            self._ready, self._retry = self._new(), []
 
     def __iter__(self) -> Iterator[LiveJob[C]]:
         return iter(list(self._by_id.values()))
@@ -172,29 +327,20 @@ class Rotation(Generic[C]):
         if job.retry_at:
             heapq.heappush(self._retry, (job.retry_at, job.order, job.id))
         else:
-            self._place(job.order, job.id)
-
-    def _place(self, order: int, job_id: str) -> None:
-        heapq.heappush(self._ahead if order > self._cursor else self._behind, (order, job_id))
+            self._ready.push(job)
 
     def pick(self, now: float) -> LiveJob[C] | None:
-        """The first ready job after the cursor, wrapping once; the cursor
-        moves to it. None if no job can start a target at ``now``."""
+        """The job whose turn it is (see the class); the cursors move to it.
+        None if no job can start a target at ``now``."""
         while self._retry and self._retry[0][0] <= now:
-            _, order, job_id = heapq.heappop(self._retry)
+            _, _, job_id = heapq.heappop(self._retry)
             if (job := self._live(job_id)) is not None:
                 job.retry_at = 0.0
-                self._place(order, job_id)
-        while True:
-            if not self._ahead:
-                if not self._behind:
-                    return None
-                self._ahead, self._behind = self._behind, self._ahead  # wrap
-            order, job_id = heapq.heappop(self._ahead)
-            if (job := self._live(job_id)) is not None:
-                job.queued = False
-                self._cursor = order
-                return job
+                self._ready.push(job)
+        job = self._ready.pop(self._live)
+        if job is not None:
+            job.queued = False
+        return job
 
     def _live(self, job_id: str) -> LiveJob[C] | None:
         """The job of an entry just popped, or None if it left or was
@@ -208,7 +354,7 @@ class Rotation(Generic[C]):
     def ready(self, now: float) -> bool:
         """Whether some job may start a target at ``now`` (an entry of a job
         that left may answer True once: a wake for nothing, never a miss)."""
-        return bool(self._ahead or self._behind or (self._retry and self._retry[0][0] <= now))
+        return bool(self._ready or (self._retry and self._retry[0][0] <= now))
 
     def next_retry_in(self, now: float) -> float | None:
         """Seconds until the earliest held-back target may be tried, or None if

@@ -103,7 +103,7 @@ class State(Generic[C]):
         self.chores = threading.Condition(self.lock)
         self.writes = threading.Condition(self.lock)
 
-        self.rotation: Rotation[C] = Rotation()
+        self.rotation: Rotation[C] = Rotation(config.fair, config.weights)
         self.counts = Counts()
         self.inflight = 0
         self.idle = Idle()

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -67,6 +68,42 @@ def test_round_robin_alternates_jobs_with_one_worker(
         assert r.wait(ALICE, a, TIMEOUT).status == "done"
         assert r.wait(BOB, b, TIMEOUT).status == "done"
     assert script.calls == ["a1", "b1", "a2", "b2", "a3", "b3"]
+
+
+@pytest.mark.parametrize(
+    ("fair", "weights", "order"),
+    [
+        ("job", None, "a1 b1 c1 d1 a2 b2 c2 d2 a3 d3"),
+        ("caller", None, "a1 d1 b1 d2 c1 d3 a2 b2 c2 a3"),
+        ("caller", {"alice": 2}, "a1 b1 d1 c1 a2 d2 b2 c2 d3 a3"),
+    ],
+    ids=["job", "caller", "weighted"],
+)
+def test_fair_says_who_takes_turns(
+    db: store.Store,
+    script: Script,
+    fair: Literal["job", "caller"],
+    weights: dict[str, int] | None,
+    order: str,
+) -> None:
+    """Alice has three jobs and Bob one. Taking turns by job, Alice gets three
+    turns to Bob's one; by caller, one each (Alice's jobs taking turns among
+    themselves); weighted 2, Alice gets two in a row to Bob's one.
+
+    Worker threads: each records its outcome before it picks again, so every
+    job but the one in flight is ready at each pick. (An async runner's
+    writer records outcomes while its loop picks: the model test steps it.)"""
+    script.hold("a1")
+    config = batch.Config(workers=1, fair=fair, weights=weights)
+    with batch.Runner(db, script, config) as r:
+        jobs = [(ALICE, r.submit(ALICE, ["a1", "a2", "a3"]))]
+        script.started("a1")
+        jobs += [(ALICE, r.submit(ALICE, ["b1", "b2"])), (ALICE, r.submit(ALICE, ["c1", "c2"]))]
+        jobs.append((BOB, r.submit(BOB, ["d1", "d2", "d3"])))
+        script.release("a1")
+        for caller, job_id in jobs:
+            assert r.wait(caller, job_id, TIMEOUT).status == "done"
+    assert script.calls == order.split()
 
 
 def test_newcomer_goes_next_when_only_job_is_in_flight(

@@ -316,11 +316,31 @@ def test_store_open_refuses_a_path_that_is_not_text(tmp_path: Path, path: object
         ("retry_wait", "1", TypeError),
         ("max_bytes", -1, ValueError),
         ("max_targets", 0, ValueError),
+        ("fair", "tenant", ValueError),
     ],
 )
 def test_config_is_validated(field: str, value: object, error: type[Exception]) -> None:
     with pytest.raises(error, match=rf"Config\.{field}"):
         batch.Config(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("fair", "weights", "error", "says"),
+    [
+        ("job", {"alice": 2}, ValueError, "needs fair='caller'"),
+        ("caller", ["alice"], TypeError, "must be a mapping"),
+        ("caller", {"alice": 0}, ValueError, r"weights\['alice'\] must be an int >= 1"),
+        ("caller", {"alice": 1.5}, ValueError, "must be an int >= 1"),
+        ("caller", {"alice": True}, ValueError, "must be an int >= 1"),
+        ("caller", {"": 2}, TypeError, "caller ids"),
+        ("caller", {7: 2}, TypeError, "caller ids"),
+    ],
+)
+def test_weights_are_validated(
+    fair: str, weights: object, error: type[Exception], says: str
+) -> None:
+    with pytest.raises(error, match=says):
+        batch.Config(fair=fair, weights=weights)  # type: ignore[arg-type]
 
 
 def test_runner_refuses_what_is_not_a_store_or_a_fetch(tmp_path: Path) -> None:

@@ -35,9 +35,11 @@ import batch
 import store
 from tests.helpers import TIMEOUT, Recorder, as_async
 
+pytestmark = pytest.mark.slow
+
 #: Text of the unexpected exception: it may reach the log, never the store.
 SECRET = "secret-detail-2b9e"
-CALLERS = (batch.Caller("alice"), batch.Caller("bob"))
+CALLERS = (batch.Caller("alice"), batch.Caller("bob"), batch.Caller("carol"))
 
 
 # -- how one fetch ends ---------------------------------------------------------
@@ -129,7 +131,7 @@ JSON_VALUES: st.SearchStrategy[Any] = st.recursive(
     max_leaves=5,
 )
 
-CALLER = st.integers(0, 1)
+CALLER = st.integers(0, len(CALLERS) - 1)
 SIZE = st.integers(1, 4)
 ACTS: st.SearchStrategy[Act] = st.one_of(
     st.builds(Act, kind=st.just("done"), value=JSON_VALUES),
@@ -246,9 +248,26 @@ class MJob:
 
 class Model:
     """Rules 1-5, sequentially: the rotation in submit order, the cursor at the
-    index after the last picked job, and every hook call the runner makes."""
+    index after the last picked job, and every hook call the runner makes.
 
-    def __init__(self) -> None:
+    With ``fair="caller"`` the turns go round the callers instead: those
+    with a live job in the order they came (one whose last job left comes
+    back last), from the index after the last caller picked, wrapping
+    once; the caller picked takes up to its weight of turns in a row, each
+    from its next ready job after the one it last picked (wrapping)."""
+
+    def __init__(self, fair: str = "job", weights: dict[str, int] | None = None) -> None:
+        self.fair = fair
+        self.weights = weights or {}
+        self.callers: list[int] = []
+        self.caller_cursor = 0
+        self.current: int | None = None
+        self.left = 0
+        self.last_job: dict[int, int] = {}
+        #: On an async runner, the job whose fetch just returned: the worker
+        #: that fetched it picks again before its outcome is recorded, so
+        #: that pick passes it over (and takes it only if nothing else can).
+        self.unrecorded: MJob | None = None
         self.jobs: dict[str, MJob] = {}
         self.live: list[MJob] = []
         self.cursor = 0
@@ -279,19 +298,61 @@ class Model:
             self.newcomers.add(job.key)
         self.jobs[job.key] = job
         self.live.append(job)
+        if caller not in self.callers:
+            self.callers.append(caller)
         self.depths.append(len(self.live))
         return job
 
     def pick(self) -> MJob | None:
         """The job the rotation gives a free worker: the first ready one from
         the cursor on, wrapping once; the cursor moves to the index after it."""
+        job = self.pick_once()
+        if job is None and self.unrecorded is not None:
+            self.unrecorded = None  # recorded now: the worker woken for it picks
+            job = self.pick_once()
+        self.unrecorded = None
+        return job
+
+    def can_start(self, job: MJob) -> bool:
+        return self.ready(job) and job is not self.unrecorded
+
+    def pick_once(self) -> MJob | None:
+        if self.fair == "caller":
+            return self.pick_by_caller()
         n = len(self.live)
         for k in range(n):
             i = (self.cursor + k) % n
-            if self.ready(self.live[i]):
+            if self.can_start(self.live[i]):
                 self.cursor = i + 1
                 return self.start(self.live[i])
         return None
+
+    def pick_by_caller(self) -> MJob | None:
+        if self.current is not None and self.left > 0:
+            job = self.next_job_of(self.current)
+            if job is not None:
+                self.left -= 1
+                return self.start(job)
+        n = len(self.callers)
+        for k in range(n):
+            i = (self.caller_cursor + k) % n
+            caller = self.callers[i]
+            job = self.next_job_of(caller)
+            if job is not None:
+                self.caller_cursor = i + 1
+                self.current = caller
+                self.left = self.weights.get(CALLERS[caller].id, 1) - 1
+                return self.start(job)
+        return None
+
+    def next_job_of(self, caller: int) -> MJob | None:
+        """The caller's first ready job after the one it last picked, wrapping."""
+        ready = [j for j in self.live if j.caller == caller and self.can_start(j)]
+        last = self.last_job.get(caller, -1)
+        job = next((j for j in ready if number(j) > last), ready[0] if ready else None)
+        if job is not None:
+            self.last_job[caller] = number(job)
+        return job
 
     def start(self, job: MJob) -> MJob:
         assert self.ready(job), f"{job.key} cannot start a target"
@@ -308,6 +369,14 @@ class Model:
         del self.live[i]
         if i < self.cursor:
             self.cursor -= 1
+        if not any(j.caller == job.caller for j in self.live):
+            c = self.callers.index(job.caller)
+            del self.callers[c]
+            if c < self.caller_cursor:
+                self.caller_cursor -= 1
+            if self.current == job.caller:
+                self.current, self.left = None, 0
+            self.last_job.pop(job.caller, None)
         self.depths.append(len(self.live))
 
     def cancel(self, job: MJob) -> bool:
@@ -346,6 +415,11 @@ class Model:
             self.leave(job)
 
 
+def number(job: MJob) -> int:
+    """The job's place in submit order."""
+    return int(job.key[1:])
+
+
 def err_name(err: BaseException | None) -> str:
     return "None" if err is None else type(err).__name__
 
@@ -361,6 +435,9 @@ class RunnerMachine(RuleBasedStateMachine):
     exact = True
     #: True: the fetch is an async def, run on the runner's event loop.
     run_async = False
+    #: Config.fair and Config.weights.
+    fair = "job"
+    weights: dict[str, int] | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -368,11 +445,17 @@ class RunnerMachine(RuleBasedStateMachine):
         self.db = store.open(Path(self.tmp.name) / "jobs.sqlite3")
         self.hooks = Recorder()
         self.fetch = GatedFetch()
-        self.model = Model()
+        self.model = Model(self.fair, self.weights)
         self.calls: dict[str, Call] = {}
         self.over: set[str] = set()
         self.checks = 0
-        config = batch.Config(workers=self.workers, retry_wait=0, retry_for=3600.0)
+        config = batch.Config(
+            workers=self.workers,
+            retry_wait=0,
+            retry_for=3600.0,
+            fair=self.fair,  # type: ignore[arg-type]
+            weights=self.weights,
+        )
         fetch = as_async(self.fetch) if self.run_async else self.fetch
         self.runner: batch.Runner[batch.Caller] = batch.Runner(
             self.db, fetch, config, hooks=self.hooks
@@ -439,6 +522,8 @@ class RunnerMachine(RuleBasedStateMachine):
     def end(self, key: str, act: Act) -> None:
         call = self.calls.pop(key)
         self.model.finish(self.model.jobs[key], act)
+        if self.run_async:
+            self.model.unrecorded = self.model.jobs[key]
         call.finish(act)
         self.recorded()
 
@@ -502,7 +587,7 @@ class RunnerMachine(RuleBasedStateMachine):
         caller, job_id = CALLERS[0], uuid.uuid4().hex
         if how == "foreign" and self.model.jobs:
             job = data.draw(st.sampled_from(list(self.model.jobs.values())), label="job")
-            caller, job_id = CALLERS[1 - job.caller], job.id
+            caller, job_id = CALLERS[(job.caller + 1) % len(CALLERS)], job.id
         terminal = self.jobs_where(lambda j: j.terminal)
         if how == "terminal" and terminal:
             job = data.draw(st.sampled_from(terminal), label="job")
@@ -515,7 +600,7 @@ class RunnerMachine(RuleBasedStateMachine):
         """Touch changes no status; another caller's job is not found."""
         job = data.draw(st.sampled_from(list(self.model.jobs.values())), label="job")
         self.runner.touch(CALLERS[job.caller], job.id)
-        foreign = CALLERS[1 - job.caller]
+        foreign = CALLERS[(job.caller + 1) % len(CALLERS)]
         with pytest.raises(batch.JobNotFound):
             self.runner.touch(foreign, job.id)
         with pytest.raises(batch.JobNotFound):
@@ -626,6 +711,26 @@ class AsyncRunnerWorkersMachine(RunnerWorkersMachine):
     run_async = True
 
 
+class CallerFairMachine(RunnerMachine):
+    """``fair="caller"``, Alice weighted 2: the model gives the order of turns."""
+
+    fair = "caller"
+    weights = {"alice": 2}  # noqa: RUF012 - read, never changed
+
+
+class AsyncCallerFairMachine(CallerFairMachine):
+    """The same, one fetch at a time on an async runner."""
+
+    run_async = True
+
+
+class CallerFairWorkersMachine(RunnerWorkersMachine):
+    """``fair="caller"`` with three workers: any pick the rules allow."""
+
+    fair = "caller"
+    weights = {"bob": 3}  # noqa: RUF012 - read, never changed
+
+
 SETTINGS = settings(
     max_examples=200,
     stateful_step_count=50,
@@ -641,3 +746,9 @@ TestRunnerModel = RunnerMachine.TestCase
 TestRunnerModelWorkers = RunnerWorkersMachine.TestCase
 TestAsyncRunnerModel = AsyncRunnerMachine.TestCase
 TestAsyncRunnerModelWorkers = AsyncRunnerWorkersMachine.TestCase
+CallerFairMachine.TestCase.settings = settings(SETTINGS, max_examples=150)
+AsyncCallerFairMachine.TestCase.settings = settings(SETTINGS, max_examples=60)
+CallerFairWorkersMachine.TestCase.settings = settings(SETTINGS, max_examples=40)
+TestCallerFairModel = CallerFairMachine.TestCase
+TestAsyncCallerFairModel = AsyncCallerFairMachine.TestCase
+TestCallerFairModelWorkers = CallerFairWorkersMachine.TestCase

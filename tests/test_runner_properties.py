@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import queue
 import tempfile
 import threading
 import time
@@ -14,11 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import batch
 import store
+
+pytestmark = pytest.mark.slow
 
 TIMEOUT = 10.0
 #: Text of the unexpected exception: it must reach the log only, never the store.
@@ -490,3 +494,67 @@ def test_text_sqlite_cannot_encode_still_ends_the_job() -> None:
     for job in jobs:
         assert job.terminal
         assert job.targets[0].status in ("done", "failed")
+
+
+# -- fair="caller": each caller's share of the turns --------------------------
+
+SHARE_WORKERS = 4
+SHARE_ROUNDS = 30
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    weights=st.lists(st.integers(1, 4), min_size=3, max_size=3),
+    njobs=st.lists(st.integers(SHARE_WORKERS, 9), min_size=3, max_size=3),
+)
+def test_each_caller_gets_its_weight_of_turns_whatever_its_number_of_jobs(
+    weights: list[int], njobs: list[int]
+) -> None:
+    """With several workers, over ``SHARE_ROUNDS`` rounds of turns each
+    caller takes ``SHARE_ROUNDS`` times its weight, within one round, however
+    many jobs each has.
+
+    Every worker holds a fetch; the test lets the oldest return, and the
+    worker it frees (the only one free) records it and takes the next turn:
+    the order of the fetches is the order of the turns. Each caller has at
+    least as many jobs as there are workers, so one of its jobs is always
+    ready: at most the other workers' three are in flight."""
+    callers = [batch.Caller(name) for name in ("alice", "bob", "carol")]
+    per_round = sum(weights)
+    calls: queue.Queue[tuple[str, threading.Event]] = queue.Queue()
+    ending = threading.Event()
+
+    def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> None:
+        if ending.is_set():
+            return
+        go = threading.Event()
+        calls.put((caller.id, go))
+        go.wait(TIMEOUT)
+
+    config = batch.Config(
+        workers=SHARE_WORKERS,
+        fair="caller",
+        weights={c.id: w for c, w in zip(callers, weights, strict=True)},
+    )
+    turns: Counter[str] = Counter()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        store.open(Path(tmp) / "jobs.sqlite3") as db,
+        batch.Runner(db, fetch, config) as runner,
+    ):
+        size = (SHARE_ROUNDS + 2) * max(weights)  # more than any caller's turns
+        for caller, n in zip(callers, njobs, strict=True):
+            for _ in range(n):
+                runner.submit(caller, [f"t{i}" for i in range(size)])
+        held = [calls.get(timeout=TIMEOUT) for _ in range(SHARE_WORKERS)]
+        try:
+            for _ in range(SHARE_ROUNDS * per_round):
+                held.pop(0)[1].set()
+                held.append(calls.get(timeout=TIMEOUT))
+                turns[held[-1][0]] += 1
+        finally:
+            ending.set()  # from now on a fetch returns at once
+            for _, go in held:
+                go.set()
+    for caller, weight in zip(callers, weights, strict=True):
+        assert abs(turns[caller.id] - SHARE_ROUNDS * weight) <= per_round, (turns, weights)
