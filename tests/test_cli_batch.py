@@ -140,6 +140,7 @@ def outcome(target: store.TargetRow) -> tuple[str, str, str | None, str | None]:
 # -- demo ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_demo_ends_as_its_summary_says(tmp_path: Path) -> None:
     db = tmp_path / "demo.sqlite3"
     done = cli("demo", "--db", db)

@@ -47,7 +47,7 @@ import store
 from store import Conflict, Lease, TargetOutcome, ended_status
 from tests.helpers import Clock, Raw, raw, store_clock
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 #: The usual lapse (``takeover_after``) of an actor's beats and new jobs;
 #: some actors have a longer one.

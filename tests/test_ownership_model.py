@@ -45,7 +45,7 @@ import batch
 import store
 from tests.helpers import TIMEOUT, Clock, Recorder, StepClock, store_clock, within
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 #: The lease's length; the keeper beats every LAPSE / 3 = 1 second, and the
 #: machine steps time by whole seconds, so every time is an exact float.

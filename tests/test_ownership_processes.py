@@ -48,7 +48,7 @@ from tests.helpers import (
     write_locked,
 )
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")]
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -40,6 +40,8 @@ from store.match import place
 from store.shapes import Assignment
 from tests.helpers import Raw
 
+pytestmark = pytest.mark.slow
+
 NODES = ("n1", "n2", "n3", "n4")
 LABELS = ("gpu", "linux", "arm")
 NAMES = ("alpha", "beta", "gamma")

@@ -26,6 +26,8 @@ import store
 from tests.helpers import Raw
 from tests.test_runs_model import check_structure
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 PROCESSES = 4
 SECONDS = 4.0
