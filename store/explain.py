@@ -2,16 +2,18 @@
 nodes that could take the step and why each does not now.
 
 Read-only, and by the rules placement itself follows: a node takes no new
-run while it is busy (leased) or draining, and a run is placed whole on at
+run while it is busy (leased), draining or reserved by a run ahead that
+waited too long (:mod:`store.waiting`), and a run is placed whole on at
 most ``max_leases`` nodes (``match.place``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
-from . import match, nodes
+from . import match, nodes, waiting
 from .db import Tx
 from .errors import NotFound
 from .shapes import NodeView
@@ -20,16 +22,22 @@ __all__ = ["explain"]
 
 #: Why a node that covers a step's needs does not take it now. A node that
 #: could is given ``why: None``.
-BUSY, DRAINING, OVER_MAX = "busy", "draining", "over max_leases_per_run"
+BUSY, DRAINING, RESERVED = "busy", "draining", "reserved"
+OVER_MAX = "over max_leases_per_run"
 
 
-def explain(conn: Tx, run_id: str, max_leases: int) -> dict[str, Any]:
+def explain(
+    conn: Tx, run_id: str, max_leases: int, reserve_after: float | None = None
+) -> dict[str, Any]:
     """The run's state, its ``position`` in the queue (1 for the head; None
     unless QUEUED) with the ``ahead`` run ids before it, the seconds it
     ``waited`` (so far, or until it started or ended), whether it is
-    ``reserving`` nodes, and its ``steps``: each with its ``needs``, its
-    ``node`` once placed, and ``nodes``, every node whose caps cover the
-    needs with ``why`` it cannot take the step now (None if it can).
+    ``reserving`` nodes (QUEUED for ``reserve_after`` seconds or more), and
+    its ``steps``: each with its ``needs``, its ``node`` once placed, and
+    ``nodes``, every node whose caps cover the needs with ``why`` it cannot
+    take the step now (None if it can): ``busy`` (with the ``run_id`` holding
+    it and its ``lease_until``), ``draining``, ``reserved`` (with the
+    ``run_id`` of the first run ahead that reserves it), in that order.
 
     A free node is called ``over max_leases_per_run`` when every step of a
     QUEUED run has a free node but no placement on at most ``max_leases``
@@ -60,7 +68,13 @@ def explain(conn: Tx, run_id: str, max_leases: int) -> dict[str, Any]:
         if queued
         else []
     )
-    why = {n.node_id: _why(n) for n in fleet}
+    starving = waiting.cutoff(conn.now, reserve_after)
+    held: dict[str, str] = {}
+    if queued:
+        # Only the runs ahead of this one hold nodes back from it.
+        before = math.nextafter(created_at, -math.inf)
+        held = waiting.reservations(conn, nodes.Fleets().get(conn), min(starving, before))
+    why = {n.node_id: _why(n, held) for n in fleet}
     candidates = {seq: [n for n in fleet if needs <= n.caps] for seq, _, needs, _ in steps}
     if queued and _only_max_leases_stops(steps, fleet, why, max_leases):
         why = {node_id: OVER_MAX if w is None else w for node_id, w in why.items()}
@@ -71,24 +85,26 @@ def explain(conn: Tx, run_id: str, max_leases: int) -> dict[str, Any]:
         "position": len(ahead) + 1 if queued else None,
         "ahead": ahead,
         "waited": max(0.0, (conn.now if until is None else until) - created_at),
-        "reserving": False,
+        "reserving": queued and created_at <= starving,
         "steps": [
             {
                 "seq": seq,
                 "name": name,
                 "needs": sorted(needs),
                 "node": node_id,
-                "nodes": [_candidate(n, why[n.node_id]) for n in candidates[seq]],
+                "nodes": [_candidate(n, why[n.node_id], held) for n in candidates[seq]],
             }
             for seq, name, needs, node_id in steps
         ],
     }
 
 
-def _why(node: NodeView) -> str | None:
+def _why(node: NodeView, held: dict[str, str]) -> str | None:
     if node.run_id:
         return BUSY
-    return DRAINING if node.draining else None
+    if node.draining:
+        return DRAINING
+    return RESERVED if node.node_id in held else None
 
 
 def _only_max_leases_stops(
@@ -106,8 +122,10 @@ def _only_max_leases_stops(
     return match.place(needs, free, frozenset(), max_leases) is None
 
 
-def _candidate(node: NodeView, why: str | None) -> dict[str, Any]:
+def _candidate(node: NodeView, why: str | None, held: dict[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {"node_id": node.node_id, "name": node.name, "why": why}
     if why == BUSY:
         out.update(run_id=node.run_id, lease_until=node.not_after)
+    elif why == RESERVED:
+        out.update(run_id=held[node.node_id])
     return out

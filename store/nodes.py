@@ -32,12 +32,14 @@ class Fleet:
     """What the nodes advertised as of one ``generation`` of the store's
     (bumped by every advertise): each node's advert and caps, by id, in id
     order. ``known`` remembers, for sets of needs already asked about,
-    whether a placement exists with every node free."""
+    whether a placement exists with every node free; ``covers``, the nodes
+    that could take one of them."""
 
     generation: int
     adverts: Mapping[str, Advert]
     caps: Mapping[str, frozenset[str]]
     known: dict[tuple[frozenset[frozenset[str]], int], bool] = field(default_factory=dict)
+    covers: dict[frozenset[frozenset[str]], frozenset[str]] = field(default_factory=dict)
 
     def placeable(self, needs: Sequence[tuple[int, frozenset[str]]], max_nodes: int) -> bool:
         """Whether steps of these needs could be placed with every node free."""
@@ -47,14 +49,24 @@ class Fleet:
             found = self.known[key] = place(needs, self.caps, frozenset(), max_nodes) is not None
         return found
 
+    def covering(self, needs: Sequence[tuple[int, frozenset[str]]]) -> frozenset[str]:
+        """The nodes whose caps cover the needs of at least one of the steps."""
+        key = frozenset(n for _, n in needs)
+        found = self.covers.get(key)
+        if found is None:
+            found = self.covers[key] = frozenset(
+                node_id for node_id, caps in self.caps.items() if any(n <= caps for n in key)
+            )
+        return found
+
 
 class Fleets:
     """The last :class:`Fleet` a store read, kept while no node is advertised
     again: a submit or a wake then reads one number, not every advert.
 
     Safe between threads without a lock: a fleet is never changed but for
-    ``known`` (whose entries are facts of its generation), and is replaced
-    whole; two threads that both find it stale both read it again.
+    ``known`` and ``covers`` (whose entries are facts of its generation), and
+    is replaced whole; two threads that both find it stale both read it again.
     """
 
     __slots__ = ("_fleet",)

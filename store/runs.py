@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from . import match, nodes, record
+from . import match, nodes, record, waiting
 from .db import Tx
 from .errors import Conflict, InvalidRun, NotFound, Unsatisfiable
 from .shapes import Assigned, Claim, RunView, Step, StepView
@@ -86,11 +86,14 @@ def submit(
     lease_ttl: float,
     max_leases: int,
     fleets: nodes.Fleets,
+    reserve_after: float | None = None,
 ) -> RunView:
     """Store a new run: RUNNING with every step placed and leased if the
     available nodes allow it now, else QUEUED with no node and no lease.
-    Raises ``InvalidRun`` (checked first), ``Conflict`` for a run id in use,
-    and ``Unsatisfiable`` if no placement exists even with every node free."""
+    The new run is behind every QUEUED run, so the nodes those that waited
+    ``reserve_after`` seconds reserve are not available to it. Raises
+    ``InvalidRun`` (checked first), ``Conflict`` for a run id in use, and
+    ``Unsatisfiable`` if no placement exists even with every node free."""
     checked, warnings = check_steps(steps)
     if run_id is None:
         run_id = uuid.uuid4().hex
@@ -102,7 +105,9 @@ def submit(
     needs = [(s.seq, s.needs) for s in checked]
     placed = None
     if lease_ttl and nodes.any_free(conn):
-        placed = match.place(needs, fleet.caps, nodes.unavailable(conn), max_leases)
+        blocked = nodes.unavailable(conn)
+        blocked |= waiting.reservations(conn, fleet, waiting.cutoff(now, reserve_after)).keys()
+        placed = match.place(needs, fleet.caps, blocked, max_leases)
     if placed is None and not fleet.placeable(needs, max_leases):
         raise Unsatisfiable(_why_unsatisfiable(checked, fleet.caps, max_leases))
     (last,) = conn.execute("SELECT MAX(created_at) FROM runs").fetchone()

@@ -37,11 +37,19 @@ class Store:
     ``StoreError`` on every call.
     """
 
-    def __init__(self, db: Database, *, lease_ttl: float, max_leases_per_run: int) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        lease_ttl: float,
+        max_leases_per_run: int,
+        reserve_after: float | None = None,
+    ) -> None:
         self._db = db
         self._fleets = nodes.Fleets()
         self.lease_ttl = lease_ttl
         self.max_leases_per_run = max_leases_per_run
+        self.reserve_after = reserve_after
 
     @property
     def path(self) -> str:
@@ -321,6 +329,7 @@ class Store:
                 lease_ttl=self.lease_ttl,
                 max_leases=self.max_leases_per_run,
                 fleets=self._fleets,
+                reserve_after=self.reserve_after,
             )
         )
 
@@ -337,9 +346,17 @@ class Store:
         )
 
     def wake_queued(self, why: str = "") -> list[str]:
-        """Promote, in FIFO order, every QUEUED run that fits now; return their ids."""
+        """Promote, in FIFO order, every QUEUED run that fits now (and is not
+        behind a run reserving the nodes it would take); return their ids."""
         promoted = self._db.write(
-            lambda tx: queue.wake(tx, tx.now, self.lease_ttl, self.max_leases_per_run, self._fleets)
+            lambda tx: queue.wake(
+                tx,
+                tx.now,
+                lease_ttl=self.lease_ttl,
+                max_leases=self.max_leases_per_run,
+                fleets=self._fleets,
+                reserve_after=self.reserve_after,
+            )
         )
         log.info("wake (%s): promoted %d run(s) %s", why or "asked", len(promoted), promoted)
         return promoted
@@ -391,7 +408,9 @@ class Store:
         ahead of it, how long it waited, and for each step the nodes whose
         caps cover it and why each cannot take it now. ``NotFound`` if
         there is no such run. See :func:`store.explain.explain` for the keys."""
-        return self._db.read(lambda tx: explain_run(tx, run_id, self.max_leases_per_run))
+        return self._db.read(
+            lambda tx: explain_run(tx, run_id, self.max_leases_per_run, self.reserve_after)
+        )
 
     def _wake(self, why: str) -> None:
         """Wake the queue after an event that may have freed capacity. The event
@@ -407,6 +426,7 @@ def open(
     *,
     lease_ttl: float = 30.0,
     max_leases_per_run: int = 4,
+    reserve_after: float | None = 600.0,
     synchronous: Synchronous = "NORMAL",
     readonly: bool = False,
 ) -> Store:
@@ -424,6 +444,11 @@ def open(
 
     ``lease_ttl``: seconds a lease lasts unless renewed; 0 places no run.
     ``max_leases_per_run``: the most nodes one run may hold.
+    ``reserve_after``: seconds a QUEUED run waits before it reserves the
+    nodes it could use, so that runs behind it that fit no longer take
+    them as they free; it then starts within about one run's length.
+    None: never (the queue promotes every later run that fits, and a big
+    run behind a stream of small ones may wait for ever).
     ``synchronous="NORMAL"`` (the default) survives a crash of the process;
     ``"FULL"`` also survives power loss, at the cost of an fsync per commit.
     (PostgreSQL commits survive both; the server's ``synchronous_commit``
@@ -437,10 +462,21 @@ def open(
         raise TypeError(f"max_leases_per_run is an int, not {type(max_leases_per_run).__name__}")
     if max_leases_per_run < 1:
         raise ValueError(f"max_leases_per_run must be at least 1, not {max_leases_per_run}")
+    if reserve_after is not None:
+        if not isinstance(reserve_after, int | float) or isinstance(reserve_after, bool):
+            raise TypeError(
+                f"reserve_after is a number of seconds or None, not {type(reserve_after).__name__}"
+            )
+        if not math.isfinite(reserve_after) or reserve_after < 0:
+            raise ValueError(
+                f"reserve_after must be a finite number of seconds >= 0, or None,"
+                f" not {reserve_after}"
+            )
     db = Store(
         _connect(path, synchronous=synchronous, readonly=readonly),
         lease_ttl=lease_ttl,
         max_leases_per_run=max_leases_per_run,
+        reserve_after=reserve_after,
     )
     if not readonly:
         db._wake("open")

@@ -392,9 +392,9 @@ def test_each_capacity_event_wakes_the_queue_after_its_commit(
     seen: list[tuple[object, ...]] = []
     real_wake = store_queue.wake
 
-    def spy(conn: Any, *args: Any) -> list[str]:
+    def spy(conn: Any, *args: Any, **kwargs: Any) -> list[str]:
         seen.append(raw(db.path, query)[0])
-        return real_wake(conn, *args)
+        return real_wake(conn, *args, **kwargs)
 
     monkeypatch.setattr(store_queue, "wake", spy)
     event(db)
@@ -408,7 +408,7 @@ def test_a_failing_wake_does_not_undo_or_fail_the_event(
     """The event that freed capacity stands even if the wake after it fails."""
     _two_node_run(db)
 
-    def broken(conn: sqlite3.Connection, *args: Any) -> list[str]:
+    def broken(conn: sqlite3.Connection, *args: Any, **kwargs: Any) -> list[str]:
         raise store.StoreError("wake broke")
 
     monkeypatch.setattr(store_queue, "wake", broken)
