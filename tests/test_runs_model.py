@@ -1,11 +1,13 @@
 """Runs, nodes, leases and the queue against a plain-Python model.
 
 A Hypothesis state machine drives a real store, on each engine, through advertise, drain,
-submit, claim, report, heartbeat, reap, cancel and wake, and checks after every
-step that the store agrees with a model that places runs with the library's own
-pure matcher, scanning the QUEUED runs in submit order. A second handle opened
-with ``lease_ttl=0`` frees capacity without promoting anything, so an explicit
-``wake_queued`` has real work to do. A threaded test then hammers one store
+submit, claim, report, heartbeat, reap, cancel, wake and the passing of time
+(the store's clock, stepped), and checks after every step that the store
+agrees with a model that places runs with the library's own pure matcher,
+scanning the QUEUED runs in submit order; with ``reserve_after`` set, a run
+that has waited that long reserves the nodes it could use. A second handle
+opened with ``lease_ttl=0`` frees capacity without promoting anything, so an
+explicit ``wake_queued`` has real work to do. A threaded test then hammers one store
 from several ``Store`` objects at once and checks the same structural rules on
 what is left.
 """
@@ -38,7 +40,7 @@ from hypothesis.stateful import (
 import store
 from store.match import place
 from store.shapes import Assignment
-from tests.helpers import Raw
+from tests.helpers import Clock, Raw, store_clock
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +49,8 @@ LABELS = ("gpu", "linux", "arm")
 NAMES = ("alpha", "beta", "gamma")
 MAX_NODES = 2
 TTL = 30.0
+#: reserve_after of the machine that reserves: a few ticks.
+RESERVE = 15.0
 #: Seconds past every lease's end: a reap at now + FAR expires them all.
 FAR = 100_000.0
 TERMINAL = ("SUCCEEDED", "FAILED")
@@ -170,6 +174,7 @@ class MStep:
 class MRun:
     run_id: str
     steps: list[MStep]
+    created_at: float
     state: str = "QUEUED"
     #: "" while live or after success; "cancelled", "step" or "lease" once failed.
     why: str = ""
@@ -181,9 +186,12 @@ class MRun:
 
 @dataclass
 class Model:
+    reserve_after: float | None = None
     nodes: dict[str, MNode] = field(default_factory=dict)
     runs: list[MRun] = field(default_factory=list)
     leases: dict[str, str] = field(default_factory=dict)
+    #: When each lease ends unless renewed.
+    lease_until: dict[str, float] = field(default_factory=dict)
 
     def run(self, run_id: str) -> MRun:
         return next(r for r in self.runs if r.run_id == run_id)
@@ -197,7 +205,33 @@ class Model:
     def place(self, needs: list[tuple[int, frozenset[str]]], free: bool) -> list[Assignment] | None:
         return place(needs, self.caps(), set() if free else self.unavailable(), MAX_NODES)
 
-    def apply(self, run: MRun, placed: list[Assignment]) -> set[str]:
+    def starving(self, run: MRun, now: float) -> bool:
+        """QUEUED for ``reserve_after`` seconds or more (0: at once)."""
+        if run.state != "QUEUED" or self.reserve_after is None:
+            return False
+        return not self.reserve_after or now - run.created_at >= self.reserve_after
+
+    def covering(self, run: MRun) -> set[str]:
+        """The nodes that could take one of the run's steps."""
+        return {
+            n
+            for n, node in self.nodes.items()
+            if any(needs <= node.caps for _, needs in run.needs())
+        }
+
+    def reserved(self, now: float, before: MRun | None = None) -> dict[str, str]:
+        """Each node reserved by a starving run (ahead of ``before``, if
+        given), with the first such run."""
+        held: dict[str, str] = {}
+        for run in self.runs:
+            if run is before:
+                break
+            if self.starving(run, now):
+                for node_id in self.covering(run):
+                    held.setdefault(node_id, run.run_id)
+        return held
+
+    def apply(self, run: MRun, placed: list[Assignment], now: float) -> set[str]:
         for a in placed:
             step = run.steps[a.seq - 1]
             step.node, step.node_name = a.node_id, self.nodes[a.node_id].name
@@ -205,21 +239,26 @@ class Model:
         for node_id in taken:
             assert node_id not in self.leases
             self.leases[node_id] = run.run_id
+            self.lease_until[node_id] = now + TTL
         run.state, run.placed = "RUNNING", True
         event("placed on nodes", len(taken))
         return taken
 
-    def scan(self) -> list[str]:
+    def scan(self, now: float) -> list[str]:
         """The FIFO wake: promote every QUEUED run that fits, in submit order,
-        blocking each promotion's nodes for the runs after it."""
+        blocking each promotion's nodes for the runs after it, and the nodes
+        a starving run that does not fit could use."""
         caps, blocked = self.caps(), self.unavailable()
         promoted = []
         for run in self.runs:
             if run.state == "QUEUED":
                 placed = place(run.needs(), caps, blocked, MAX_NODES)
                 if placed is not None:
-                    blocked |= self.apply(run, placed)
+                    blocked |= self.apply(run, placed, now)
                     promoted.append(run.run_id)
+                elif self.starving(run, now):
+                    event("a starving run reserves")
+                    blocked |= self.covering(run)
         return promoted
 
     def end(self, run: MRun, state: str, why: str) -> None:
@@ -227,7 +266,7 @@ class Model:
             if s.state in UNFINISHED:
                 s.state = "FAILED"
         for node_id in [n for n, r in self.leases.items() if r == run.run_id]:
-            del self.leases[node_id]
+            del self.leases[node_id], self.lease_until[node_id]
         run.state, run.why = state, why
 
     def next_step(self, node_id: str) -> tuple[MRun, int] | None:
@@ -246,12 +285,13 @@ class Model:
                     return run, seq
         return None
 
-    def claim(self, node_id: str) -> tuple[str, int] | None:
+    def claim(self, node_id: str, now: float) -> tuple[str, int] | None:
         found = self.next_step(node_id)
         if found is None:
             return None
         run, seq = found
         run.steps[seq - 1].state = "RUNNING"
+        self.lease_until[node_id] = now + TTL
         return run.run_id, seq
 
     def ready(self) -> list[str]:
@@ -280,7 +320,7 @@ class Model:
             return True
         if node_id not in left:
             event("lease released before the run ended")
-            del self.leases[node_id]
+            del self.leases[node_id], self.lease_until[node_id]
             return True
         return False
 
@@ -302,25 +342,25 @@ class RunQueueMachine(RuleBasedStateMachine):
 
     #: Makes a new store for each example (the test sets it, per engine).
     fresh: Callable[[], contextlib.AbstractContextManager[str]]
+    #: The store's clock (the test sets it), and the stores' reserve_after.
+    clock: Clock
+    reserve_after: float | None
 
     def __init__(self) -> None:
         super().__init__()
         self.stack = contextlib.ExitStack()
+        settings = {"max_leases_per_run": MAX_NODES, "reserve_after": self.reserve_after}
         try:
             where = self.stack.enter_context(self.fresh())
-            self.db = self.stack.enter_context(
-                store.open(where, lease_ttl=TTL, max_leases_per_run=MAX_NODES)
-            )
+            self.db = self.stack.enter_context(store.open(where, lease_ttl=TTL, **settings))
             # lease_ttl=0: a handle whose events wake the queue but can promote nothing.
-            self.quiet = self.stack.enter_context(
-                store.open(where, lease_ttl=0, max_leases_per_run=MAX_NODES)
-            )
+            self.quiet = self.stack.enter_context(store.open(where, lease_ttl=0, **settings))
             self.raw = Raw(where)
             self.stack.callback(self.raw.close)
         except BaseException:
             self.stack.close()
             raise
-        self.model = Model()
+        self.model = Model(self.reserve_after)
         #: True while the last capacity-freeing event was followed by a real wake.
         self.settled = True
         self.sealed: dict[str, dict[str, Any]] = {}
@@ -337,7 +377,7 @@ class RunQueueMachine(RuleBasedStateMachine):
         if quiet:
             self.settled = False
         else:
-            event("automatic wake promoted", len(self.model.scan()))
+            event("automatic wake promoted", len(self.model.scan(self.clock.now)))
             self.settled = True
 
     # -- nodes
@@ -390,12 +430,22 @@ class RunQueueMachine(RuleBasedStateMachine):
                 self.handle(quiet).submit_run(steps)
             event("submitted", "Unsatisfiable")
             return
-        placed = None if quiet else self.model.place(seq_needs, free=False)
+        now = self.clock.now
+        reserved = self.model.reserved(now)
+        placed = (
+            None
+            if quiet
+            else place(
+                seq_needs, self.model.caps(), self.model.unavailable() | reserved.keys(), MAX_NODES
+            )
+        )
         view = self.handle(quiet).submit_run(steps)
-        run = MRun(view.run_id, [MStep(n) for n in needs])
+        if self.model.runs:
+            assert view.created_at > self.model.runs[-1].created_at
+        run = MRun(view.run_id, [MStep(n) for n in needs], view.created_at)
         self.model.runs.append(run)
         if placed is not None:
-            self.model.apply(run, placed)
+            self.model.apply(run, placed, now)
         elif quiet:
             # It may fit and still wait: only a live wake places it.
             self.settled = False
@@ -433,12 +483,12 @@ class RunQueueMachine(RuleBasedStateMachine):
             with pytest.raises(store.NotFound):
                 self.db.claim_step(node_id)
             return
-        expected = self.model.claim(node_id)
+        expected = self.model.claim(node_id, self.clock.now)
         got = self.db.claim_step(node_id)
         assert (None if got is None else (got.run_id, got.seq)) == expected
         event("claim", "step" if got else "none")
         if got is not None:
-            assert got.not_after > time.time()
+            assert got.not_after == self.model.lease_until[node_id]
 
     @precondition(lambda self: bool(self.model.held()))
     @rule(data=st.data(), ok=st.booleans(), quiet=rarely)
@@ -472,18 +522,19 @@ class RunQueueMachine(RuleBasedStateMachine):
             with pytest.raises(store.NotFound):
                 self.db.heartbeat(node_id)
             return
-        before = time.time()
         got = self.db.heartbeat(node_id)
         if node_id in self.model.leases:
-            assert got is not None
-            assert got >= before + TTL
+            self.model.lease_until[node_id] = self.clock.now + TTL
+            assert got == self.model.lease_until[node_id]
         else:
             assert got is None
 
     @rule(far=rarely, quiet=rarely)
     def reap(self, far: bool, quiet: bool) -> None:
-        now = time.time() + (FAR if far else 0.0)
-        expected = sorted(set(self.model.leases.values())) if far else []
+        now = self.clock.now + (FAR if far else 0.0)
+        expected = sorted(
+            {r for n, r in self.model.leases.items() if self.model.lease_until[n] <= now}
+        )
         got = self.handle(quiet).reap(now=now)
         assert sorted(got) == expected
         assert len(got) == len(set(got))
@@ -507,10 +558,15 @@ class RunQueueMachine(RuleBasedStateMachine):
         if quiet:
             assert self.quiet.wake_queued("lease_ttl=0") == []
             return
-        expected = self.model.scan()
+        expected = self.model.scan(self.clock.now)
         event("explicit wake promoted", len(expected))
         assert self.db.wake_queued("asked") == expected
         self.settled = True
+
+    @rule(seconds=st.sampled_from([1.0, 7.0, 16.0]))
+    def time_passes(self, seconds: float) -> None:
+        """The clock moves: runs wait longer, leases near their end."""
+        self.clock.tick(seconds)
 
     @precondition(lambda self: not self.settled)
     @rule()
@@ -539,7 +595,14 @@ class RunQueueMachine(RuleBasedStateMachine):
         assert self.db.unavailable_nodes() == model.unavailable()
         assert read_caps(self.raw) == model.caps()
         if self.settled:
-            unplaceable_queue(self.db, self.raw, runs)
+            # No QUEUED run fits the nodes available to it: neither
+            # unavailable nor reserved by a run ahead. (Time passing only
+            # makes more runs reserve, so this holds until the next event.)
+            for run in model.runs:
+                if run.state == "QUEUED":
+                    blocked = model.unavailable() | model.reserved(self.clock.now, run).keys()
+                    fit = place(run.needs(), model.caps(), blocked, MAX_NODES)
+                    assert fit is None, f"QUEUED {run.run_id} fits {fit} after a wake"
 
         # Records name each step's node by id and by its name when placed, and
         # a sealed one never changes again.
@@ -555,14 +618,16 @@ class RunQueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def explain_tells_the_truth(self) -> None:
-        """For each QUEUED run, ``explain`` gives its place in the queue and,
-        for each step, every node that covers it: busy ones hold a lease (of
-        the run named), draining ones drain, and a free one could take the
-        step now; free nodes are called over max_leases_per_run exactly when
-        only that keeps the run from being placed."""
+        """For each QUEUED run, ``explain`` gives its place in the queue,
+        whether it reserves and, for each step, every node that covers it:
+        busy ones hold a lease (of the run named), draining ones drain,
+        reserved ones are reserved by the first starving run ahead that
+        could use them, and a free one could take the step now; free nodes
+        are called over max_leases_per_run exactly when only that keeps the
+        run from being placed."""
         model = self.model
+        now = self.clock.now
         queued = [r.run_id for r in model.runs if r.state == "QUEUED"]
-        unavailable = model.unavailable()
         for position, run_id in enumerate(queued, 1):
             why = self.db.explain(run_id)
             run = model.run(run_id)
@@ -571,12 +636,18 @@ class RunQueueMachine(RuleBasedStateMachine):
                 position,
                 queued[: position - 1],
             )
-            assert why["reserving"] is False
+            assert why["reserving"] is model.starving(run, now)
+            assert why["waited"] == pytest.approx(max(0.0, now - run.created_at))
+            held = model.reserved(now, run)
+            unavailable = model.unavailable() | held.keys()
             every_step_has_a_node = all(
                 any(n not in unavailable and needs <= model.nodes[n].caps for n in model.nodes)
                 for _, needs in run.needs()
             )
-            over = every_step_has_a_node and model.place(run.needs(), free=False) is None
+            over = (
+                every_step_has_a_node
+                and place(run.needs(), model.caps(), unavailable, MAX_NODES) is None
+            )
             if self.settled:
                 assert not every_step_has_a_node or over, f"{run_id} fits: a wake placed it"
             for step, (seq, needs) in zip(why["steps"], run.needs(), strict=True):
@@ -590,6 +661,9 @@ class RunQueueMachine(RuleBasedStateMachine):
                         assert node["run_id"] == model.leases[node_id]
                     elif model.nodes[node_id].draining:
                         assert node["why"] == "draining"
+                    elif node_id in held:
+                        assert node["why"] == "reserved"
+                        assert node["run_id"] == held[node_id]
                     else:
                         assert node_id not in unavailable
                         assert node["why"] == ("over max_leases_per_run" if over else None)
@@ -605,15 +679,28 @@ SETTINGS = settings(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("reserve_after", [None, RESERVE, 0.0])
 def test_the_run_queue_against_the_model(
     fresh_location: Callable[[], contextlib.AbstractContextManager[str]],
     request: pytest.FixtureRequest,
+    reserve_after: float | None,
 ) -> None:
     # A store costs ten times more on PostgreSQL (a database each, and a
     # round trip per statement): fewer examples there, the same rules.
     engine = request.node.callspec.params["fresh_location"]
     examples = SETTINGS.max_examples if engine == "sqlite" else SETTINGS.max_examples // 10
-    with mock.patch.object(RunQueueMachine, "fresh", fresh_location, create=True):
+    if reserve_after == 0:
+        examples //= 3  # strict FIFO: a narrower case of RESERVE's rules
+    with (
+        store_clock(Clock()) as clock,
+        mock.patch.multiple(
+            RunQueueMachine,
+            fresh=fresh_location,
+            clock=clock,
+            reserve_after=reserve_after,
+            create=True,
+        ),
+    ):
         run_state_machine_as_test(
             RunQueueMachine, settings=settings(SETTINGS, max_examples=examples)
         )
