@@ -34,6 +34,7 @@ from .console import (
     moment,
     run,
     seconds,
+    seconds_or_never,
     table,
 )
 from .shapes import RUN_STATES, NodeView, RunView
@@ -59,7 +60,12 @@ def open_to_act(args: argparse.Namespace) -> Store:
     store already is refused (``StoreError``): an action never creates a store,
     nor turns another SQLite file into one."""
     open_view(args.db).close()
-    return open_store(args.db, lease_ttl=args.lease_ttl, max_leases_per_run=args.max_leases_per_run)
+    return open_store(
+        args.db,
+        lease_ttl=args.lease_ttl,
+        max_leases_per_run=args.max_leases_per_run,
+        reserve_after=args.reserve_after,
+    )
 
 
 # -- formatting --------------------------------------------------------------------
@@ -309,7 +315,12 @@ def queue_command(args: argparse.Namespace) -> Output:
 
 def explain_command(args: argparse.Namespace) -> Output:
     """Why a run waits: its place in the queue, and why no node takes each step."""
-    with open_store(args.db, readonly=True, max_leases_per_run=args.max_leases_per_run) as db:
+    with open_store(
+        args.db,
+        readonly=True,
+        max_leases_per_run=args.max_leases_per_run,
+        reserve_after=args.reserve_after,
+    ) as db:
         why = db.explain(args.run_id)
     now = time.time()
     return Output({"id": why["run_id"], **why}, explanation(why, now))
@@ -342,11 +353,15 @@ def explanation(why: dict[str, Any], now: float) -> str:
             ("run", why["run_id"]),
             ("state", where),
             ("waited", duration(why["waited"])),
-            ("reserving", "yes" if why["reserving"] else "no"),
+            ("reserving", RESERVING if why["reserving"] else "no"),
             ("verdict", verdict),
         ]
     )
     return head if why["state"] != "QUEUED" else f"{head}\n\n{table(WHY_HEADER, rows)}"
+
+
+#: What ``reserving`` means, where a run reserves.
+RESERVING = "yes: no run behind it is placed on a node it could use"
 
 
 def _why_not(node: dict[str, Any] | None, now: float) -> tuple[str, str]:
@@ -359,6 +374,8 @@ def _why_not(node: dict[str, Any] | None, now: float) -> tuple[str, str]:
     if why == "busy":
         left = duration(node["lease_until"] - now)
         return name, f"busy with {node['run_id']} (lease ends in {left})"
+    if why == "reserved":
+        return name, f"reserved for {node['run_id']}, which waited longer"
     return name, why
 
 
@@ -466,6 +483,14 @@ def build_parser(prog: str = "python -m store") -> argparse.ArgumentParser:
         default=4,
         metavar="N",
         help="the most nodes a run may hold (default: 4)",
+    )
+    settings.add_argument(
+        "--reserve-after",
+        type=seconds_or_never,
+        default=600.0,
+        metavar="SECONDS",
+        help="a run QUEUED this long reserves the nodes it could use; never: no run does"
+        " (default: 600)",
     )
     act = Parser(add_help=False, parents=[settings])
     act.add_argument(

@@ -49,6 +49,7 @@ __all__ = [
     "moment",
     "run",
     "seconds",
+    "seconds_or_never",
     "size",
     "stopping",
     "table",
@@ -166,6 +167,11 @@ def _typed(kind: Callable[[str], T], what: str, ok: Callable[[T], bool]) -> Call
 
 count = _typed(int, "a whole number >= 1", lambda n: n >= 1)
 seconds = _typed(float, "a number of seconds >= 0", lambda s: math.isfinite(s) and s >= 0)
+seconds_or_never = _typed(
+    lambda text: None if text.strip().lower() == "never" else float(text),
+    "a number of seconds >= 0, or never",
+    lambda s: s is None or (math.isfinite(s) and s >= 0),
+)
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
 _IEC = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}

@@ -245,6 +245,30 @@ def test_explain_says_why_a_queued_run_waits(cluster: Path) -> None:
     assert "verdict    not waiting: it is SUCCEEDED" in ok(cluster, "explain", "done")
 
 
+def test_explain_names_the_run_that_reserves_a_node(cluster: Path) -> None:
+    """With ``--reserve-after``, the settings of the service that places runs,
+    explain tells which run ahead holds a free node back."""
+    with store.open(cluster, lease_ttl=0) as holding:
+        finish(holding, "n1", "busy1")  # n1 free, and nothing promoted
+    why = as_one(cluster, "explain", "q-any", "--reserve-after", "0")
+    assert why["reserving"] is True
+    n1 = by_id(why["steps"][0]["nodes"])["n1"]
+    assert (n1["why"], n1["run_id"]) == ("reserved", "q-linux")
+    text = ok(cluster, "explain", "q-any", "--reserve-after", "0")
+    assert re.search(
+        r"^reserving +yes: no run behind it is placed on a node it could use$", text, re.M
+    )
+    (line,) = [r for r in rows(text.split("\n\n")[1]) if r["NODE"] == "n1 (box-n1)"]
+    assert line["WHY"] == "reserved for q-linux, which waited longer"
+
+    never = as_one(cluster, "explain", "q-any", "--reserve-after", "never")
+    assert never["reserving"] is False
+    assert by_id(never["steps"][0]["nodes"])["n1"]["why"] is None
+    bad = cli("--db", cluster, "explain", "q-any", "--reserve-after", "soon")
+    assert bad.returncode == 2
+    assert "expected a number of seconds >= 0, or never, not 'soon'" in bad.stderr
+
+
 def test_show_exits_1_for_a_run_that_ended_failed(cluster: Path) -> None:
     done = cli("--db", cluster, "show", "gone", "--json")
     assert (done.returncode, done.stderr) == (1, "")
