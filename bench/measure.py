@@ -40,8 +40,8 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Units a figure is given in: a rate, durations, a size, a plain count.
-Unit = Literal["/s", "ms", "us", "B", "n"]
+#: Units a figure is given in: a rate, durations, a size, a plain count, a share.
+Unit = Literal["/s", "ms", "us", "s", "B", "n", "%"]
 
 #: The checkout the suite runs from.
 REPO = Path(__file__).resolve().parent.parent
@@ -230,12 +230,17 @@ def fmt(value: float, unit: Unit, *, bare: bool = False) -> str:
     """``value`` in ``unit``, short enough for a table cell; ``bare`` leaves the
     unit off (the low end of a range). Bytes from 10 KiB on are in KiB,
     from 10 MiB on in MiB."""
-    suffix = unit if unit == "/s" else "" if unit == "n" else f" {unit}"
+    suffix = unit if unit in ("/s", "%") else "" if unit == "n" else f" {unit}"
     if unit == "B" and abs(value) >= 10 * 1024 * 1024:
         value, suffix = value / (1024 * 1024), " MiB"
     elif unit == "B" and abs(value) >= 10 * 1024:
         value, suffix = value / 1024, " KiB"
-    text = f"{value:,.0f}" if unit in ("/s", "B", "n") or abs(value) >= 100 else f"{value:.3g}"
+    if unit == "%":
+        text = f"{value:.1f}"
+    elif unit in ("/s", "s", "B", "n") or abs(value) >= 100:
+        text = f"{value:,.0f}"
+    else:
+        text = f"{value:.3g}"
     return text if bare else text + suffix
 
 

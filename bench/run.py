@@ -7,7 +7,8 @@ and a JSON record.
     python -m bench.latency ...        (one scenario alone, same options)
 
 Scenarios: 1 throughput, 2 many live jobs, 3 latency, 4 the store at size,
-5 the run queue, 6 memory, 7 many I/O-bound workers, 8 the command line.
+5 the run queue, 6 memory, 7 many I/O-bound workers, 8 the command line,
+9 a mixed stream of runs (what ``reserve_after`` costs and buys).
 The machine is noisy and shared: compare ratios measured in the same run,
 never absolute figures across runs.
 
@@ -31,7 +32,18 @@ from typing import Any
 if __package__ in (None, ""):  # python bench/run.py: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import command, engine, iobound, latency, live, memory, runs, size, throughput
+from bench import (
+    command,
+    engine,
+    iobound,
+    latency,
+    live,
+    memory,
+    runs,
+    size,
+    starve,
+    throughput,
+)
 from bench.measure import REPO, Options, Row, Scenario, git_state, print_table, record
 
 __all__ = ["SUITE", "main"]
@@ -48,6 +60,7 @@ SUITE: tuple[Scenario, ...] = (
     memory.SCENARIO,
     iobound.SCENARIO,
     command.SCENARIO,
+    starve.SCENARIO,
 )
 
 
