@@ -147,7 +147,7 @@ def play(arrivals: list[Arrival], horizon: float, reserve_after: float | None) -
                 upcoming.append(START + pending[-1].at)
             clock.now = min(upcoming)
         starts = {run_id: db.get_run(run_id).started_at for run_id in big}
-    waits = [(end if starts[r] is None else starts[r]) - at for r, at in big.items()]
+    waits = [(starts[r] or end) - at for r, at in big.items()]
     return Outcome(
         100 * work / (NODES * horizon),
         max(waits, default=0.0),
