@@ -68,14 +68,15 @@ def explain(
         if queued
         else []
     )
+    candidates = {seq: [n for n in fleet if needs <= n.caps] for seq, _, needs, _ in steps}
     starving = waiting.cutoff(conn.now, reserve_after)
     held: dict[str, str] = {}
     if queued:
         # Only the runs ahead of this one hold nodes back from it.
-        before = math.nextafter(created_at, -math.inf)
-        held = waiting.reservations(conn, nodes.Fleets().get(conn), min(starving, before))
+        through = min(starving, math.nextafter(created_at, -math.inf))
+        among = {n.node_id for c in candidates.values() for n in c}
+        held = waiting.reservations(conn, nodes.Fleets().get(conn), through, among)
     why = {n.node_id: _why(n, held) for n in fleet}
-    candidates = {seq: [n for n in fleet if needs <= n.caps] for seq, _, needs, _ in steps}
     if queued and _only_max_leases_stops(steps, fleet, why, max_leases):
         why = {node_id: OVER_MAX if w is None else w for node_id, w in why.items()}
     until = started_at if started_at is not None else ended_at

@@ -106,8 +106,14 @@ def submit(
     placed = None
     if lease_ttl and nodes.any_free(conn):
         blocked = nodes.unavailable(conn)
-        blocked |= waiting.reservations(conn, fleet, waiting.cutoff(now, reserve_after)).keys()
         placed = match.place(needs, fleet.caps, blocked, max_leases)
+        if placed is not None:
+            # It fits: unless a run that waited reserve_after holds back
+            # the free nodes it would take (only those are worth reading for).
+            wanted = fleet.covering(needs) - blocked
+            cutoff = waiting.cutoff(now, reserve_after)
+            if held := waiting.reservations(conn, fleet, cutoff, wanted).keys() & wanted:
+                placed = match.place(needs, fleet.caps, blocked | held, max_leases)
     if placed is None and not fleet.placeable(needs, max_leases):
         raise Unsatisfiable(_why_unsatisfiable(checked, fleet.caps, max_leases))
     (last,) = conn.execute("SELECT MAX(created_at) FROM runs").fetchone()

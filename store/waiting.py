@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 
 from .db import Tx
 from .nodes import Fleet
@@ -62,16 +62,20 @@ def queued(conn: Tx, through: float = math.inf) -> Iterator[Waiting]:
         after = rows[-1][1]
 
 
-def reservations(conn: Tx, fleet: Fleet, through: float) -> dict[str, str]:
+def reservations(
+    conn: Tx, fleet: Fleet, through: float, among: Set[str] | None = None
+) -> dict[str, str]:
     """The nodes reserved by the QUEUED runs submitted at or before
     ``through`` (see :func:`cutoff`), each with the first of those runs, in
-    FIFO order, that reserves it."""
+    FIFO order, that reserves it. Reading stops once every node of
+    ``among`` (by default, every node) is known to be reserved."""
     held: dict[str, str] = {}
     if through == -math.inf:
         return held
+    wanted = fleet.caps.keys() if among is None else among
     for run_id, _, needs in queued(conn, through):
         for node_id in fleet.covering(needs):
             held.setdefault(node_id, run_id)
-        if len(held) == len(fleet.caps):
+        if wanted <= held.keys():
             break
     return held

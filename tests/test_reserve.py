@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import pytest
 
 import store
-from tests.helpers import Clock
+from store import waiting
+from tests.helpers import Clock, trace
 
 LEASE = 30.0
 WAIT = 600.0
@@ -235,3 +236,38 @@ def test_reserve_after_must_be_seconds_or_none(
 def test_the_default_is_ten_minutes(tmp_path: object) -> None:
     with store.open(f"{tmp_path}/x.sqlite3") as db:
         assert db.reserve_after == 600.0
+
+
+def test_a_submit_reads_the_starving_runs_only_for_the_free_nodes_it_would_take(
+    location: str, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog of runs that waited long costs a submit nothing when the
+    submit does not fit anyway, and one page when it does: the first
+    starving run that holds its nodes back is enough to know."""
+    with opened(location, 0.0) as db:
+        db.advertise(store.Advert("gpu1", "box-gpu1", frozenset({"gpu"})))
+        gpu = [store.Step("train", "exec", frozenset({"gpu"}))]
+        db.submit_run(gpu, run_id="training")
+        for i in range(3 * waiting.PAGE - 2):  # and one more below
+            assert db.submit_run(gpu, run_id=f"gpu-{i}").state == "QUEUED"
+        holders = [db.submit_run(small()).run_id for _ in NODES]
+
+        seen = trace(db, monkeypatch)
+
+        def pages() -> int:
+            """The pages of the waiting line read since ``seen`` was cleared."""
+            return sum(sql.startswith("SELECT r.id, r.created_at") for sql in seen)
+
+        assert db.submit_run(gpu).state == "QUEUED"  # gpu1 is busy
+        assert pages() == 0, seen
+
+        assert db.cancel_run(holders[0])  # a linux node frees; no gpu run wants it
+        seen.clear()
+        assert db.submit_run(small()).state == "RUNNING"
+        assert pages() == 3 + 1, seen  # the whole backlog, to its end
+
+        assert db.submit_run(big(), run_id="big").state == "QUEUED"  # last of page 3
+        assert db.cancel_run(holders[1])  # big reserves the node that frees
+        seen.clear()
+        assert db.submit_run(small()).state == "QUEUED"
+        assert pages() == 3, seen  # up to big, which holds the node back
