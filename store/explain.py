@@ -32,7 +32,8 @@ def explain(
     """The run's state, its ``position`` in the queue (1 for the head; None
     unless QUEUED) with the ``ahead`` run ids before it, the seconds it
     ``waited`` (so far, or until it started or ended), whether it is
-    ``reserving`` nodes (QUEUED for ``reserve_after`` seconds or more), and
+    ``reserving`` nodes (QUEUED for ``reserve_after`` seconds or more, and
+    placeable at all: see :meth:`store.nodes.Fleet.reserves`), and
     its ``steps``: each with its ``needs``, its ``node`` once placed, and
     ``nodes``, every node whose caps cover the needs with ``why`` it cannot
     take the step now (None if it can): ``busy`` (with the ``run_id`` holding
@@ -71,11 +72,14 @@ def explain(
     candidates = {seq: [n for n in fleet if needs <= n.caps] for seq, _, needs, _ in steps}
     starving = waiting.cutoff(conn.now, reserve_after)
     held: dict[str, str] = {}
+    reserving = False
     if queued:
+        advertised = nodes.Fleets().get(conn)
         # Only the runs ahead of this one hold nodes back from it.
         through = min(starving, math.nextafter(created_at, -math.inf))
-        among = {n.node_id for c in candidates.values() for n in c}
-        held = waiting.reservations(conn, nodes.Fleets().get(conn), through, among)
+        held = dict(waiting.Reservations().get(conn, advertised, through, max_leases))
+        needs = [(seq, needs) for seq, _, needs, _ in steps]
+        reserving = created_at <= starving and bool(advertised.reserves(needs, max_leases))
     why = {n.node_id: _why(n, held) for n in fleet}
     if queued and _only_max_leases_stops(steps, fleet, why, max_leases):
         why = {node_id: OVER_MAX if w is None else w for node_id, w in why.items()}
@@ -86,7 +90,7 @@ def explain(
         "position": len(ahead) + 1 if queued else None,
         "ahead": ahead,
         "waited": max(0.0, (conn.now if until is None else until) - created_at),
-        "reserving": queued and created_at <= starving,
+        "reserving": reserving,
         "steps": [
             {
                 "seq": seq,

@@ -49,6 +49,13 @@ class Fleet:
             found = self.known[key] = place(needs, self.caps, frozenset(), max_nodes) is not None
         return found
 
+    def reserves(
+        self, needs: Sequence[tuple[int, frozenset[str]]], max_nodes: int
+    ) -> frozenset[str]:
+        """The nodes a run of these needs that waited too long holds back:
+        those that could take one of its steps, if it could be placed at all."""
+        return self.covering(needs) if self.placeable(needs, max_nodes) else frozenset()
+
     def covering(self, needs: Sequence[tuple[int, frozenset[str]]]) -> frozenset[str]:
         """The nodes whose caps cover the needs of at least one of the steps."""
         key = frozenset(n for _, n in needs)

@@ -264,9 +264,11 @@ UPGRADES: tuple[tuple[str, ...], ...] = (
         "INSERT INTO node_generation (one, generation) VALUES (1, 0)",
         "CREATE INDEX nodes_draining ON nodes (id) WHERE draining = 1",
     ),
-    # The job counts and names: the same statements on both engines.
+    # The job counts and names, the queue's generation: the same statements
+    # on both engines.
     MIGRATIONS[5],
     MIGRATIONS[6],
+    MIGRATIONS[7],
 )
 assert SCHEMA_VERSION + len(UPGRADES) == VERSION
 

@@ -49,7 +49,7 @@ def wake(
             blocked |= promote(conn, run_id, placed, ads, now=now, lease_ttl=lease_ttl)
             promoted.append(run_id)
         elif created_at <= starving:
-            blocked |= fleet.covering(needs)
+            blocked |= fleet.reserves(needs, max_leases)
         if blocked >= caps.keys():
             break
     return promoted
@@ -65,7 +65,8 @@ def promote(
     lease_ttl: float,
 ) -> set[str]:
     """Place a QUEUED run: fill its steps' nodes, lease them, make it RUNNING
-    and name the nodes in its Record. Returns the nodes the run now holds."""
+    and name the nodes in its Record; the queue's generation moves. Returns
+    the nodes the run now holds."""
     placed = list(placed)
     conn.executemany(
         "UPDATE steps SET node_id = ? WHERE run_id = ? AND seq = ?",
@@ -78,4 +79,5 @@ def promote(
         (now, run_id),
     )
     record.fill_record(conn, run_id, record.label(placed, ads))
+    waiting.bump(conn)
     return taken

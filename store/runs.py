@@ -87,11 +87,13 @@ def submit(
     max_leases: int,
     fleets: nodes.Fleets,
     reserve_after: float | None = None,
+    reserved: waiting.Reservations | None = None,
 ) -> RunView:
     """Store a new run: RUNNING with every step placed and leased if the
     available nodes allow it now, else QUEUED with no node and no lease.
     The new run is behind every QUEUED run, so the nodes those that waited
-    ``reserve_after`` seconds reserve are not available to it. Raises
+    ``reserve_after`` seconds reserve (``reserved`` keeps what was read of
+    them) are not available to it. Raises
     ``InvalidRun`` (checked first), ``Conflict`` for a run id in use, and
     ``Unsatisfiable`` if no placement exists even with every node free."""
     checked, warnings = check_steps(steps)
@@ -102,17 +104,18 @@ def submit(
     if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
         raise Conflict(f"run {run_id!r} exists already")
     fleet = fleets.get(conn)
+    reserved = reserved or waiting.Reservations()
     needs = [(s.seq, s.needs) for s in checked]
     placed = None
     if lease_ttl and nodes.any_free(conn):
         blocked = nodes.unavailable(conn)
         placed = match.place(needs, fleet.caps, blocked, max_leases)
         if placed is not None:
-            # It fits: unless a run that waited reserve_after holds back
-            # the free nodes it would take (only those are worth reading for).
-            wanted = fleet.covering(needs) - blocked
+            # It fits: unless a run that waited reserve_after holds back a
+            # free node it would take.
             cutoff = waiting.cutoff(now, reserve_after)
-            if held := waiting.reservations(conn, fleet, cutoff, wanted).keys() & wanted:
+            held = reserved.get(conn, fleet, cutoff, max_leases).keys() - blocked
+            if held & fleet.covering(needs):
                 placed = match.place(needs, fleet.caps, blocked | held, max_leases)
     if placed is None and not fleet.placeable(needs, max_leases):
         raise Unsatisfiable(_why_unsatisfiable(checked, fleet.caps, max_leases))
@@ -333,6 +336,8 @@ def cancel(conn: Tx, run_id: str, now: float) -> bool:
     if row is None or row[0] not in ("QUEUED", "RUNNING"):
         return False
     end_run(conn, run_id, "FAILED", "cancelled", now)
+    if row[0] == "QUEUED":
+        waiting.bump(conn)
     return True
 
 

@@ -255,6 +255,19 @@ _JOB_NAMES = (
     "ALTER TABLE jobs ADD COLUMN name TEXT",
 )
 
+_QUEUE_CHANGES = (
+    # Bumped whenever runs leave the queue (placed, or cancelled while
+    # QUEUED): a store keeps the nodes that long-waiting runs reserve in
+    # memory, and reads the queue again only once this moved.
+    """
+    CREATE TABLE queue_generation (
+        one        INTEGER PRIMARY KEY CHECK (one = 1),
+        generation BIGINT  NOT NULL
+    )
+    """,
+    "INSERT INTO queue_generation (one, generation) VALUES (1, 0)",
+)
+
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _JOBS,
     _RUNS,
@@ -263,5 +276,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _NODE_CHANGES,
     _JOB_COUNTS,
     _JOB_NAMES,
+    _QUEUE_CHANGES,
 )
 VERSION = len(MIGRATIONS)

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import jobs, leases, nodes, queue, record, runs
+from . import jobs, leases, nodes, queue, record, runs, waiting
 from .db import CANCELLED, WORK, Database, Synchronous, Tx
 from .errors import StoreError
 from .explain import explain as explain_run
@@ -43,10 +43,11 @@ class Store:
         *,
         lease_ttl: float,
         max_leases_per_run: int,
-        reserve_after: float | None = None,
+        reserve_after: float | None,
     ) -> None:
         self._db = db
         self._fleets = nodes.Fleets()
+        self._reserved = waiting.Reservations()
         self.lease_ttl = lease_ttl
         self.max_leases_per_run = max_leases_per_run
         self.reserve_after = reserve_after
@@ -330,6 +331,7 @@ class Store:
                 max_leases=self.max_leases_per_run,
                 fleets=self._fleets,
                 reserve_after=self.reserve_after,
+                reserved=self._reserved,
             )
         )
 
@@ -446,9 +448,11 @@ def open(
     ``max_leases_per_run``: the most nodes one run may hold.
     ``reserve_after``: seconds a QUEUED run waits before it reserves the
     nodes it could use, so that runs behind it that fit no longer take
-    them as they free; it then starts within about one run's length.
-    None: never (the queue promotes every later run that fits, and a big
-    run behind a stream of small ones may wait for ever).
+    them as they free; it starts once the runs then on them end (and the
+    runs reserving ahead of it have started). The setting of each open
+    store, like ``lease_ttl``: give every process the same. None: never
+    (the queue promotes every later run that fits, and a big run behind a
+    stream of small ones may wait for ever).
     ``synchronous="NORMAL"`` (the default) survives a crash of the process;
     ``"FULL"`` also survives power loss, at the cost of an fsync per commit.
     (PostgreSQL commits survive both; the server's ``synchronous_commit``

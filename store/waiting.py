@@ -3,9 +3,10 @@ for those that have waited too long.
 
 A QUEUED run that has waited ``reserve_after`` seconds *reserves*: no run
 behind it in FIFO order is placed on a node that could take one of its
-steps, until it starts. A QUEUED run is one the last wake could not place,
-so every such run reserves. Read-only; functions take an open transaction's
-connection.
+steps, until it starts. A wake places what fits, so a QUEUED run is most
+often one that does not fit now; either way, every such run reserves (a
+submit then holds back a little more than the next wake would). Functions
+take an open transaction's connection.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterator, Set
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 from .db import Tx
 from .nodes import Fleet
 
-__all__ = ["PAGE", "cutoff", "queued", "reservations"]
+__all__ = ["PAGE", "Reservations", "bump", "cutoff", "queued"]
 
 #: QUEUED runs read at a time.
 PAGE = 64
@@ -39,12 +41,17 @@ def cutoff(now: float, reserve_after: float | None) -> float:
     return now - reserve_after if reserve_after else math.inf
 
 
-def queued(conn: Tx, through: float = math.inf) -> Iterator[Waiting]:
-    """The QUEUED runs submitted at or before ``through``, in FIFO order,
-    read a page at a time so that a scan that stops early reads little.
-    ``created_at`` is unique and strictly increasing, so it alone orders the
-    queue and pages it."""
-    after = -math.inf
+def bump(conn: Tx) -> None:
+    """Note that runs left the queue (placed or ended): what a
+    :class:`Reservations` read of it is stale."""
+    conn.execute("UPDATE queue_generation SET generation = generation + 1")
+
+
+def queued(conn: Tx, through: float = math.inf, after: float = -math.inf) -> Iterator[Waiting]:
+    """The QUEUED runs submitted after ``after`` and at or before ``through``,
+    in FIFO order, read a page at a time so that a scan that stops early
+    reads little. ``created_at`` is unique and strictly increasing, so it
+    alone orders the queue and pages it."""
     while True:
         rows = conn.execute(
             "SELECT r.id, r.created_at, s.seq, s.needs FROM"
@@ -62,20 +69,59 @@ def queued(conn: Tx, through: float = math.inf) -> Iterator[Waiting]:
         after = rows[-1][1]
 
 
-def reservations(
-    conn: Tx, fleet: Fleet, through: float, among: Set[str] | None = None
-) -> dict[str, str]:
-    """The nodes reserved by the QUEUED runs submitted at or before
-    ``through`` (see :func:`cutoff`), each with the first of those runs, in
-    FIFO order, that reserves it. Reading stops once every node of
-    ``among`` (by default, every node) is known to be reserved."""
-    held: dict[str, str] = {}
-    if through == -math.inf:
-        return held
-    wanted = fleet.caps.keys() if among is None else among
-    for run_id, _, needs in queued(conn, through):
-        for node_id in fleet.covering(needs):
-            held.setdefault(node_id, run_id)
-        if wanted <= held.keys():
-            break
-    return held
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """The nodes reserved (each with the first run reserving it) by the
+    QUEUED runs submitted up to ``last``, as of ``key``: the fleet's
+    generation, the queue's generation and ``max_nodes``."""
+
+    key: tuple[int, int, int]
+    through: float
+    last: float
+    nodes: Mapping[str, str]
+
+
+class Reservations:
+    """The nodes held back by the runs that waited ``reserve_after``, kept
+    by a store between calls while no node was advertised and no run left
+    the queue: a submit then reads only the runs that waited long enough
+    since the last call (most often none), however long the backlog.
+
+    Runs join the queue at its end and no run enters it again once it
+    left, so what was read stays true until one of the two generations
+    moves. Safe between threads without a lock: what it keeps is replaced
+    whole; two threads that both read it again agree.
+    """
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: _Held | None = None
+
+    def get(self, conn: Tx, fleet: Fleet, through: float, max_nodes: int) -> Mapping[str, str]:
+        """The nodes reserved by the QUEUED runs submitted at or before
+        ``through`` (see :func:`cutoff`), each with the first of them, in
+        FIFO order, that reserves it. A run reserves the nodes that could
+        take one of its steps, if it could be placed at all (with every
+        node free, on at most ``max_nodes``): one that never could would
+        otherwise hold them for ever."""
+        if through == -math.inf:
+            return {}
+        (generation,) = conn.execute("SELECT generation FROM queue_generation").fetchone()
+        key = (fleet.generation, int(generation), max_nodes)
+        known = self._held
+        if known is None or known.key != key or through < known.through:
+            known = _Held(key, through, -math.inf, {})
+        held: dict[str, str] | None = None
+        last = known.last
+        if len(known.nodes) < len(fleet.caps):  # else there is nothing more to learn
+            for run_id, created_at, needs in queued(conn, through, after=known.last):
+                held = dict(known.nodes) if held is None else held
+                last = created_at
+                for node_id in fleet.reserves(needs, max_nodes):
+                    held.setdefault(node_id, run_id)
+                if len(held) == len(fleet.caps):
+                    break
+        known = _Held(key, through, last, known.nodes if held is None else held)
+        self._held = known
+        return known.nodes

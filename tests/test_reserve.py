@@ -238,36 +238,70 @@ def test_the_default_is_ten_minutes(tmp_path: object) -> None:
         assert db.reserve_after == 600.0
 
 
-def test_a_submit_reads_the_starving_runs_only_for_the_free_nodes_it_would_take(
+def test_a_long_backlog_of_waiting_runs_is_read_once_not_at_every_submit(
     location: str, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A backlog of runs that waited long costs a submit nothing when the
-    submit does not fit anyway, and one page when it does: the first
-    starving run that holds its nodes back is enough to know."""
+    """Runs that waited long (a GPU backlog, say) cost a submit that does not
+    fit nothing, and one that fits a look for runs that have waited long
+    enough since the last submit: the backlog is read again only once a run
+    left the queue."""
     with opened(location, 0.0) as db:
+        for i in range(4):
+            db.advertise(store.Advert(f"x{i}", f"box-x{i}", frozenset({"linux"})))
         db.advertise(store.Advert("gpu1", "box-gpu1", frozenset({"gpu"})))
         gpu = [store.Step("train", "exec", frozenset({"gpu"}))]
         db.submit_run(gpu, run_id="training")
-        for i in range(3 * waiting.PAGE - 2):  # and one more below
-            assert db.submit_run(gpu, run_id=f"gpu-{i}").state == "QUEUED"
-        holders = [db.submit_run(small()).run_id for _ in NODES]
-
         seen = trace(db, monkeypatch)
 
         def pages() -> int:
             """The pages of the waiting line read since ``seen`` was cleared."""
-            return sum(sql.startswith("SELECT r.id, r.created_at") for sql in seen)
+            read = sum(sql.startswith("SELECT r.id, r.created_at") for sql in seen)
+            seen.clear()
+            return read
 
-        assert db.submit_run(gpu).state == "QUEUED"  # gpu1 is busy
-        assert pages() == 0, seen
+        for i in range(3 * waiting.PAGE):
+            assert db.submit_run(gpu, run_id=f"gpu-{i}").state == "QUEUED"  # gpu1 is busy
+        assert pages() == 0
 
-        assert db.cancel_run(holders[0])  # a linux node frees; no gpu run wants it
-        seen.clear()
         assert db.submit_run(small()).state == "RUNNING"
-        assert pages() == 3 + 1, seen  # the whole backlog, to its end
+        assert pages() == 3 + 1  # the whole backlog, to its end
+        for _ in range(3):
+            assert db.submit_run(small()).state == "RUNNING"
+            assert pages() == 1  # nothing waited long enough since
+        assert db.cancel_run("gpu-0")
+        pages()  # (the wake that follows a cancel scans the queue, as ever)
+        assert db.submit_run(small()).state == "RUNNING"
+        assert pages() == 3 + 1  # read again: a run left the queue
 
-        assert db.submit_run(big(), run_id="big").state == "QUEUED"  # last of page 3
-        assert db.cancel_run(holders[1])  # big reserves the node that frees
-        seen.clear()
+
+def test_a_run_that_could_never_start_reserves_nothing(location: str, clock: Clock) -> None:
+    """A run no placement exists for any more (a node it needs was advertised
+    again without the label) would otherwise hold its nodes for ever."""
+    with opened(location, 60.0) as db:
+        holders = [db.submit_run(small()).run_id for _ in NODES]
+        clock.tick(1)
+        assert db.submit_run(big(), run_id="big").state == "QUEUED"
+        db.advertise(store.Advert("n4", "box-n4", frozenset({"linux"})))  # no "d" any more
+        clock.tick(60)
+        assert db.explain("big")["reserving"] is False
+        assert db.cancel_run(holders[0])
+        assert db.submit_run(small(), run_id="small").state == "RUNNING"
+        # With the label back, it reserves again.
+        db.advertise(store.Advert("n4", "box-n4", frozenset({"linux", "d"})))
+        assert db.explain("big")["reserving"] is True
+        assert db.cancel_run(holders[1])
         assert db.submit_run(small()).state == "QUEUED"
-        assert pages() == 3, seen  # up to big, which holds the node back
+
+
+def test_a_reserving_run_cancelled_holds_nothing_back(location: str, clock: Clock) -> None:
+    """What a store keeps of the reservations is read again once a run left
+    the queue: the nodes a cancelled run reserved are free to take at once."""
+    with opened(location, 0.0) as db:
+        db.advertise(store.Advert("gpu1", "box-gpu1", frozenset({"gpu"})))
+        gpu = [store.Step("train", "exec", frozenset({"gpu"}))]
+        holders = [db.submit_run(small()).run_id for _ in NODES]
+        assert db.submit_run(big(), run_id="big").state == "QUEUED"
+        assert db.cancel_run(holders[0])  # its node stays free: big reserves it
+        assert db.submit_run(gpu).state == "RUNNING"  # reads the reservations
+        assert db.cancel_run("big")  # nothing is queued: the wake places nothing
+        assert db.submit_run(small()).state == "RUNNING"

@@ -219,6 +219,13 @@ class Model:
             if any(needs <= node.caps for _, needs in run.needs())
         }
 
+    def reserves(self, run: MRun, now: float) -> set[str]:
+        """The nodes a starving run holds back, if it could be placed at all
+        (with every node free); none otherwise."""
+        if not self.starving(run, now) or self.place(run.needs(), free=True) is None:
+            return set()
+        return self.covering(run)
+
     def reserved(self, now: float, before: MRun | None = None) -> dict[str, str]:
         """Each node reserved by a starving run (ahead of ``before``, if
         given), with the first such run."""
@@ -226,9 +233,8 @@ class Model:
         for run in self.runs:
             if run is before:
                 break
-            if self.starving(run, now):
-                for node_id in self.covering(run):
-                    held.setdefault(node_id, run.run_id)
+            for node_id in self.reserves(run, now):
+                held.setdefault(node_id, run.run_id)
         return held
 
     def apply(self, run: MRun, placed: list[Assignment], now: float) -> set[str]:
@@ -256,9 +262,9 @@ class Model:
                 if placed is not None:
                     blocked |= self.apply(run, placed, now)
                     promoted.append(run.run_id)
-                elif self.starving(run, now):
+                elif held := self.reserves(run, now):
                     event("a starving run reserves")
-                    blocked |= self.covering(run)
+                    blocked |= held
         return promoted
 
     def end(self, run: MRun, state: str, why: str) -> None:
@@ -636,7 +642,7 @@ class RunQueueMachine(RuleBasedStateMachine):
                 position,
                 queued[: position - 1],
             )
-            assert why["reserving"] is model.starving(run, now)
+            assert why["reserving"] is bool(model.reserves(run, now))
             assert why["waited"] == pytest.approx(max(0.0, now - run.created_at))
             held = model.reserved(now, run)
             unavailable = model.unavailable() | held.keys()
