@@ -19,6 +19,11 @@ Against two references measured or computed in the same rounds:
 - the ideal: ``workers / latency`` targets per second, every worker busy
   all the time.
 
+For the async runner, also the process's CPU time per target stored,
+against ``1 s / ideal``: what one core (the interpreter's lock) can spend
+per target at the ideal rate. Above it, the ideal is out of reach however
+the fetches wait.
+
     python -m bench.iobound [--rounds N] [--quick] [--json PATH]
 """
 
@@ -89,13 +94,22 @@ def waiting_async(latency: float) -> batch.Fetch[batch.Caller]:
 def runner_rate(shape: Shape, *, run_async: bool = False) -> float:
     """Targets per second of a runner of ``shape.workers`` workers (or, with
     an async fetch, that many fetches in flight on its event loop)."""
+    return runner_costs(shape, run_async=run_async)["rate"]
+
+
+def runner_costs(shape: Shape, *, run_async: bool = False) -> dict[str, float]:
+    """:func:`runner_rate` as ``rate``, and the process's CPU time per target
+    stored meanwhile, in microseconds, as ``cpu``."""
     work = [refs(j, shape.per_job) for j in range(shape.jobs)]
     fetch = (waiting_async if run_async else waiting)(shape.latency)
     with (
         scratch() as path,
         open_runner(path, fetch, workers=shape.workers) as (runner, tally),
     ):
-        return drain_rate(runner, tally, work, many=True)
+        cpu = time.process_time()
+        rate = drain_rate(runner, tally, work, many=True)
+        cpu = time.process_time() - cpu
+        return {"rate": rate, "cpu": cpu / (shape.jobs * shape.per_job) * 1e6}
 
 
 def pool_rate(shape: Shape) -> float:
@@ -152,7 +166,10 @@ def run(opts: Options) -> list[Row]:
         ]
         pools.append(rates["pool"])
     shape = ASYNC_QUICK if opts.quick else ASYNC
-    rates = alternate(opts.rounds, {"async": functools.partial(runner_rate, shape, run_async=True)})
+    costs = alternate(
+        opts.rounds, {"async": functools.partial(runner_costs, shape, run_async=True)}
+    )["async"]
+    rates = {"async": [c["rate"] for c in costs]}
     ours = Series(f"async def fetch, {shape.jobs:,} jobs of {shape.per_job}", rates["async"])
     rows += [
         Figure(
@@ -169,6 +186,16 @@ def run(opts: Options) -> list[Row]:
             "/s",
             ours,
             Series(f"ThreadPoolExecutor({shapes[0].workers}), 50 ms", pools[0]),
+        ),
+        # Why the ideal is out of reach: the CPU the process spends per
+        # target, against what one core (the interpreter's lock) can give
+        # each target at the ideal rate.
+        Figure(
+            "7",
+            "  async, CPU per target vs ideal's",
+            "us",
+            Series("process CPU time / targets stored", [c["cpu"] for c in costs]),
+            Series("1 s / ideal rate", [1e6 / shape.ideal] * len(costs)),
         ),
     ]
     return rows
