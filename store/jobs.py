@@ -365,8 +365,14 @@ def _look(conn: Tx, keys: Sequence[tuple[str, int]]) -> tuple[dict[tuple[str, in
 
 
 def _holds(seen: _Seen, lease: Lease | None) -> bool:
-    """Whether a write made under ``lease`` (None: unconditioned) may be made."""
-    return lease is None or (seen[1] == lease.owner and seen[2] == lease.token)
+    """Whether a write made under ``lease`` (None: unconditioned) may be made:
+    the job is held with exactly that lease; or it is terminal, its lease
+    released and its token unchanged (no runner took it since), which is
+    how the outcome of the target in flight when it was cancelled finds it
+    if a beat of its runner released the lease before the outcome came."""
+    if lease is None or (seen[1] == lease.owner and seen[2] == lease.token):
+        return True
+    return seen[1] is None and seen[2] == lease.token and seen[0] not in LIVE_JOB
 
 
 def total_bytes(conn: Tx) -> int:

@@ -90,6 +90,14 @@ class MJob:
     def holds(self, lease: Lease) -> bool:
         return (self.owner, self.token) == (lease.owner, lease.token)
 
+    def takes_outcome(self, lease: Lease) -> bool:
+        """Whether an outcome written under ``lease`` passes the fence: the
+        job is held with it, or it ended and its lease was released with no
+        runner taking it since (its token unchanged)."""
+        return self.holds(lease) or (
+            not self.live and self.owner is None and self.token == lease.token
+        )
+
 
 @dataclass
 class MRunner:
@@ -385,7 +393,7 @@ class LeaseMachine(RuleBasedStateMachine):
         answer ``err`` for it (None: stored) agrees."""
         job_id, pos, lease, status = write
         j = self.model.jobs[job_id]
-        fenced = j.holds(lease)
+        fenced = j.takes_outcome(lease)
         b = actor.beliefs.get(job_id)
         current = b is not None and b.token == lease.token
         if fenced and j.targets[pos] == "pending":
@@ -854,6 +862,32 @@ def test_a_cancel_through_the_store_is_released_at_the_holders_beat(
     assert db.beat_runner("b", LAPSE, foreign=True).taken == []
     job = db.find_job("j")
     assert job is not None and job.status == "cancelled"
+
+
+def test_an_outcome_is_stored_though_a_beat_released_its_cancelled_job(
+    db: store.Store, clock: Clock
+) -> None:
+    """A beat keeps the leases of the jobs with a target in flight when it
+    began; a target may start while it is on its way, and the job be
+    cancelled meanwhile. The beat then releases the lease, yet the target's
+    outcome is stored: the job ended and no runner took it (the token is the
+    same). A live job whose lease was released (its runner retired) takes
+    no outcome under it."""
+    db.register_runner("a")
+    db.create_job("j", "alice", ["x", "y"], "a", lease_for=LAPSE)
+    assert db.cancel_job("j", "alice")
+    assert db.beat_runner("a", LAPSE) == store.Beat({}, frozenset({"j"}), [])
+    assert lease_of(db, "j")[:2] == (None, 1)
+    got = db.store_targets([done("j", 0, Lease("a", 1))])
+    assert (got.refused, got.cancelled) == ({}, frozenset({0}))
+    job = db.find_job("j")
+    assert job is not None and job.status == "cancelled"
+    assert [t.status for t in job.targets] == ["done", "pending"]
+
+    db.create_job("k", "alice", ["x"], "a", lease_for=LAPSE)
+    db.retire_runner("a")
+    refused = db.store_targets([done("k", 0, Lease("a", 1))]).refused
+    assert list(refused) == [0] and isinstance(refused[0], Conflict)
 
 
 def test_room_limits_what_is_taken_in_submit_order(db: store.Store, clock: Clock) -> None:
