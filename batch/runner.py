@@ -400,6 +400,10 @@ class Runner(Generic[C]):
         deadline = _deadline(timeout, SYSTEM)
         s.ctx.cancel()
         if not s.lock.acquire(timeout=_left(deadline)):
+            # Closing begins all the same: a worker reads ``closed`` under
+            # the lock before it starts a target, so none starts once the
+            # holder lets go. Waking the idle ones is left to the next call.
+            s.closed = True
             raise TimeoutError(f"a hook held the runner for longer than {timeout}s")
         try:
             s.closed = True

@@ -92,6 +92,55 @@ def test_close_with_a_timeout_reports_a_stuck_fetch(db: store.Store, runner: Mak
     r.close()
 
 
+def test_close_that_cannot_have_the_runner_at_once_still_starts_nothing_more(
+    db: store.Store, runner: MakeRunner
+) -> None:
+    """close(timeout=0) while a hook holds the runner raises TimeoutError,
+    and closing has begun all the same: the fetch in flight sees its context
+    cancelled, and once it returns no further target starts."""
+    in_hook, let_hook_go = threading.Event(), threading.Event()
+    started, release, stored = threading.Event(), threading.Event(), threading.Event()
+    fetched: list[str] = []
+
+    class Holding(batch.Hooks):
+        def depth(self, live: int) -> None:
+            if live == 2:  # the second job joins: hold the runner
+                in_hook.set()
+                let_hook_go.wait(TIMEOUT)
+
+        def target(self, err: BaseException | None, seconds: float, nbytes: int) -> None:
+            stored.set()
+
+    def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
+        fetched.append(target.ref)
+        started.set()
+        release.wait(TIMEOUT)
+        return {"cancelled": ctx.cancelled()}
+
+    r = runner(db, fetch, Holding(), workers=1)
+    job_id = r.submit(ALICE, ["a0", "a1"])
+    assert started.wait(TIMEOUT)
+    submitting = threading.Thread(target=r.submit, args=(BOB, ["b0"]))
+    submitting.start()
+    assert in_hook.wait(TIMEOUT)
+    with pytest.raises(TimeoutError, match="hook held the runner"):
+        r.close(timeout=0)
+    let_hook_go.set()
+    submitting.join(TIMEOUT)
+    release.set()
+    assert stored.wait(TIMEOUT)
+    # The worker that stored a0 picks under the same hold of the runner's
+    # lock: once statistics() has the lock, that pick was made.
+    assert r.statistics().inflight == 0
+    r.close(timeout=TIMEOUT)
+    assert fetched == ["a0"]
+    job = r.status(ALICE, job_id)
+    assert [(t.status, t.result) for t in job.targets] == [
+        ("done", {"cancelled": True}),
+        ("pending", None),
+    ]
+
+
 def test_wait_times_out(db: store.Store, runner: MakeRunner) -> None:
     script = Script()
     script.hold("x")
