@@ -86,8 +86,8 @@ def submit(
     lease_ttl: float,
     max_leases: int,
     fleets: nodes.Fleets,
-    reserve_after: float | None = None,
-    reserved: waiting.Reservations | None = None,
+    reserve_after: float | None,
+    reserved: waiting.Reservations,
 ) -> RunView:
     """Store a new run: RUNNING with every step placed and leased if the
     available nodes allow it now, else QUEUED with no node and no lease.
@@ -104,7 +104,6 @@ def submit(
     if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
         raise Conflict(f"run {run_id!r} exists already")
     fleet = fleets.get(conn)
-    reserved = reserved or waiting.Reservations()
     needs = [(s.seq, s.needs) for s in checked]
     placed = None
     if lease_ttl and nodes.any_free(conn):
