@@ -258,7 +258,7 @@ def run(opts: Options) -> list[Row]:
     ]
 
 
-SCENARIO = Scenario("8", "the command line", run)
+SCENARIO: Scenario = Scenario("8", "the command line", run)
 
 if __name__ == "__main__":
     from bench.run import main

@@ -59,7 +59,7 @@ def run(opts: Options) -> list[Row]:
     return [full_vs_normal("runner", "runner"), full_vs_normal("submit_run placed", "submit")]
 
 
-SCENARIO = Scenario("D", "durability", run)
+SCENARIO: Scenario = Scenario("D", "durability", run)
 
 if __name__ == "__main__":
     from bench.run import main

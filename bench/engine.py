@@ -67,7 +67,7 @@ def _admin_sql(sql: str) -> None:
     import psycopg  # noqa: PLC0415
 
     with psycopg.connect(_admin(), autocommit=True) as conn:
-        conn.execute(sql)  # type: ignore[arg-type]
+        conn.execute(sql)
 
 
 @contextlib.contextmanager

@@ -201,7 +201,7 @@ def run(opts: Options) -> list[Row]:
     return rows
 
 
-SCENARIO = Scenario("7", "many I/O-bound workers", run)
+SCENARIO: Scenario = Scenario("7", "many I/O-bound workers", run)
 
 if __name__ == "__main__":
     from bench.run import main

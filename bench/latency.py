@@ -162,8 +162,13 @@ def overshoots(samples: int, loaded: bool) -> tuple[list[float], list[float]]:
     fetch = FlakyOnce()
     ours: list[float] = []
     base: list[float] = []
-    config = {"retry_wait": RETRY_WAIT, "max_targets": LOAD_TARGETS}
-    with scratch() as path, open_runner(path, fetch, **config) as (runner, tally):
+    with (
+        scratch() as path,
+        open_runner(path, fetch, retry_wait=RETRY_WAIT, max_targets=LOAD_TARGETS) as (
+            runner,
+            tally,
+        ),
+    ):
         load = start_load(runner, tally) if loaded else []
         for i in range(samples):
             ref = f"probe{i}"
@@ -297,7 +302,7 @@ def run(opts: Options) -> list[Row]:
     ]
 
 
-SCENARIO = Scenario("3", "latency", run)
+SCENARIO: Scenario = Scenario("3", "latency", run)
 
 if __name__ == "__main__":
     from bench.run import main

@@ -29,6 +29,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import batch
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, alternate
@@ -89,8 +90,12 @@ def mixed_rate(sizes: Sizes, retry_wait: float) -> tuple[float, float]:
     busy with ``retry_wait``; and the busy tries per second meanwhile."""
     upstream = BusyUpstream(sizes.busy_jobs)
     work = [refs(j, sizes.per_job) for j in range(sizes.jobs)]
-    config = {"retry_wait": retry_wait, "retry_for": RETRY_FOR, "max_targets": sizes.per_job}
-    with scratch() as path, open_runner(path, upstream, **config) as (runner, tally):
+    with (
+        scratch() as path,
+        open_runner(
+            path, upstream, retry_wait=retry_wait, retry_for=RETRY_FOR, max_targets=sizes.per_job
+        ) as (runner, tally),
+    ):
         busy = [runner.submit(CALLER, [f"busy-{i}"]) for i in range(sizes.busy_jobs)]
         if not upstream.tried.wait(PATIENCE):
             raise TimeoutError("the busy jobs were never tried")
@@ -105,7 +110,7 @@ def mixed_rate(sizes: Sizes, retry_wait: float) -> tuple[float, float]:
 def run(opts: Options) -> list[Row]:
     """Each shape's rate against the reference's, and the busy jobs' tries."""
     sizes = QUICK if opts.quick else FULL
-    results = alternate(
+    results: dict[str, list[Any]] = alternate(
         opts.rounds,
         {
             "reference": lambda: runner_rate(sizes.jobs, sizes.per_job),
@@ -160,7 +165,7 @@ def run(opts: Options) -> list[Row]:
     ]
 
 
-SCENARIO = Scenario("2", "many live jobs", run)
+SCENARIO: Scenario = Scenario("2", "many live jobs", run)
 
 if __name__ == "__main__":
     from bench.run import main

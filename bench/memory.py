@@ -46,6 +46,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import batch
 import store
@@ -276,7 +277,7 @@ def run(opts: Options) -> list[Row]:
         many, few = Path(d, "many.sqlite3"), Path(d, "few.sqlite3")
         waiting_store(many, bound.waiting)
         waiting_store(few, bound.few)
-        held = alternate(
+        held: dict[str, list[Any]] = alternate(
             opts.rounds,
             {
                 "targets": lambda: runner_held(targets, cancel=True),
@@ -343,7 +344,7 @@ def run(opts: Options) -> list[Row]:
     ]
 
 
-SCENARIO = Scenario("6", "memory", run)
+SCENARIO: Scenario = Scenario("6", "memory", run)
 
 if __name__ == "__main__":
     from bench.run import main

@@ -309,7 +309,7 @@ def run(opts: Options) -> list[Row]:
     ]
 
 
-SCENARIO = Scenario("5", "the run queue", run)
+SCENARIO: Scenario = Scenario("5", "the run queue", run)
 
 if __name__ == "__main__":
     from bench.run import main

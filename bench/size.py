@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import store
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, alternate
@@ -70,7 +70,7 @@ def ref(i: int) -> str:
     return f"doc-{i:08d}"
 
 
-def build(path: Path, jobs: int) -> None:
+def build(path: str, jobs: int) -> None:
     """A store file holding ``jobs`` terminal jobs of one done target each,
     touched oldest first, and the byte total that goes with them."""
     store.open(path).close()
@@ -90,7 +90,7 @@ def build(path: Path, jobs: int) -> None:
         conn.execute("COMMIT")
 
 
-def store_cost(base: Path, stores: int, evicting: bool) -> float:
+def store_cost(base: str, stores: int, evicting: bool) -> float:
     """Microseconds per ``store_target`` into a live job of a copy of
     ``base``: each evicting exactly one job, or (``evicting=False``) none."""
     with copy_of(base) as path, store.open(path) as db:
@@ -148,7 +148,7 @@ def run(opts: Options) -> list[Row]:
     with scratch("big.sqlite3") as big, scratch("small.sqlite3") as small:
         build(big, sizes.big)
         build(small, sizes.small)
-        costs = alternate(
+        costs: dict[str, list[Any]] = alternate(
             opts.rounds,
             {
                 "evict big": lambda: store_cost(big, sizes.stores, evicting=True),
@@ -184,7 +184,7 @@ def run(opts: Options) -> list[Row]:
     ]
 
 
-SCENARIO = Scenario("4", "the store at size", run)
+SCENARIO: Scenario = Scenario("4", "the store at size", run)
 
 if __name__ == "__main__":
     from bench.run import main

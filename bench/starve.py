@@ -184,7 +184,7 @@ def run(opts: Options) -> list[Row]:
     ]
 
 
-SCENARIO = Scenario("9", "a mixed stream of runs", run)
+SCENARIO: Scenario = Scenario("9", "a mixed stream of runs", run)
 
 if __name__ == "__main__":
     from bench.run import main

@@ -22,6 +22,7 @@ median of five.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import itertools
@@ -29,7 +30,7 @@ import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -199,11 +200,11 @@ def huey_rate(n: int) -> float:
         done = threading.Event()
         count = itertools.count(1)
 
-        @queue.task()
+        @queue.task()  # type: ignore[untyped-decorator]
         def fetch(ref: str) -> dict[str, str]:
             return {"ref": ref}
 
-        @queue.signal(signals.SIGNAL_COMPLETE)
+        @queue.signal(signals.SIGNAL_COMPLETE)  # type: ignore[untyped-decorator]
         def completed(signal_name: str, task: object) -> None:
             if next(count) == n:
                 done.set()
@@ -280,7 +281,8 @@ def executor_pg_rate(sizes: Sizes) -> float:
         finally:
             for conn in opened:
                 conn.close()
-        (done,) = setup.execute("SELECT count(*) FROM targets WHERE status = 'done'").fetchone()
+        counted = setup.execute("SELECT count(*) FROM targets WHERE status = 'done'").fetchone()
+        done = counted[0] if counted else 0
         if done != len(rows):
             raise RuntimeError(f"the baseline stored {done} of {len(rows)} rows")
         return rate
@@ -349,14 +351,13 @@ def run_postgres(opts: Options) -> list[Row]:
     """On PostgreSQL: the runner against the naive psycopg baseline, and the
     rate of 1, 2 and 4 runner processes sharing one database."""
     sizes = QUICK if opts.quick else FULL
-    rates = alternate(
-        opts.rounds,
-        {
-            "runner": lambda: runner_rate(sizes.jobs, sizes.per_job),
-            "executor": lambda: executor_pg_rate(sizes),
-            **{f"p{n}": (lambda n=n: processes_rate(n, sizes)) for n in (1, 2, 4)},
-        },
-    )
+    measures: dict[str, Callable[[], float]] = {
+        "runner": lambda: runner_rate(sizes.jobs, sizes.per_job),
+        "executor": lambda: executor_pg_rate(sizes),
+    }
+    for n in (1, 2, 4):
+        measures[f"p{n}"] = functools.partial(processes_rate, n, sizes)
+    rates = alternate(opts.rounds, measures)
     ours = Series(f"batch.Runner, {sizes.jobs} jobs of {sizes.per_job:,}", rates["runner"])
     one = Series("1 runner process", rates["p1"])
     return [
@@ -417,7 +418,7 @@ def run(opts: Options) -> list[Row]:
     return rows
 
 
-SCENARIO = Scenario("1", "throughput", run)
+SCENARIO: Scenario = Scenario("1", "throughput", run)
 
 if __name__ == "__main__":
     from bench.run import main

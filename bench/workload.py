@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import batch
 import store
@@ -134,7 +135,7 @@ def open_runner(
     path: str,
     fetch: batch.Fetch[batch.Caller],
     synchronous: Synchronous = "NORMAL",
-    **config: object,
+    **config: Any,
 ) -> Iterator[tuple[batch.Runner[batch.Caller], Tally]]:
     """A store at ``path`` and a runner on it with :data:`WORKERS` workers (or
     ``config``'s), counted by a :class:`Tally`; both closed afterwards."""

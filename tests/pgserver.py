@@ -99,12 +99,12 @@ class Server:
 
         copy = f" TEMPLATE {template}" if template else ""
         with psycopg.connect(self.url(), autocommit=True) as admin:
-            admin.execute(f"CREATE DATABASE {name}{copy}")  # type: ignore[arg-type]
+            admin.execute(f"CREATE DATABASE {name}{copy}")
         try:
             yield self.url(name)
         finally:
             with psycopg.connect(self.url(), autocommit=True) as admin:
-                admin.execute(f"DROP DATABASE {name} WITH (FORCE)")  # type: ignore[arg-type]
+                admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
     def restart(self) -> None:
         """Stop the server at once (closing every connection) and start it again."""
