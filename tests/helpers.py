@@ -46,7 +46,7 @@ def fresh(engine: str, root: Path, server: pgserver.Server | None) -> Iterator[s
         return
     if server is None:
         pytest.skip("no PostgreSQL server here")
-    with server.database(f"t{os.getpid()}_{n}", template=TEMPLATE) as url:
+    with server.copy_of(TEMPLATE) as url:
         yield url
 
 

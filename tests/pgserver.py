@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 __all__ = ["Server", "find_bin", "running"]
 
 USER = "postgres"
+#: How many copies of a template are made, and how many dropped, at once
+#: (see :meth:`Server.copy_of`).
+IN_A_ROW = 20
 
 
 def find_bin() -> Path | None:
@@ -60,6 +65,12 @@ class Server:
         self.socket = root / "socket"
         self.as_root = os.geteuid() == 0
         self.user = USER if self.as_root else os.environ.get("USER", "postgres")
+        self._names = itertools.count()
+        self._lock = threading.Lock()
+        # Under _lock: the copies made and not handed out yet, by template;
+        # the copies whose block has ended, not dropped yet.
+        self._copies: dict[str, list[str]] = {}
+        self._ended: list[str] = []
 
     def url(self, dbname: str = "postgres") -> str:
         """A libpq URI for ``dbname`` on this server, over its unix socket."""
@@ -105,6 +116,45 @@ class Server:
         finally:
             with psycopg.connect(self.url(), autocommit=True) as admin:
                 admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+    @contextlib.contextmanager
+    def copy_of(self, template: str) -> Iterator[str]:
+        """A new copy of the database ``template`` for as long as the block
+        runs; its URL.
+
+        Copies are made :data:`IN_A_ROW` at a time, and dropped as many at a
+        time: a CREATE DATABASE costs about ten times more after writes
+        anywhere on the server than in a row of them (400 ms against 35 here).
+        """
+        with self._lock:
+            made = self._copies.setdefault(template, [])
+            if not made:
+                names = [f"{template}_{next(self._names)}" for _ in range(IN_A_ROW)]
+                self._execute(
+                    f"CREATE DATABASE {name} TEMPLATE {template} STRATEGY FILE_COPY"
+                    for name in names
+                )
+                made += names
+            name = made.pop()
+        try:
+            yield self.url(name)
+        finally:
+            self._drop_later(name)
+
+    def _drop_later(self, name: str) -> None:
+        with self._lock:
+            self._ended.append(name)
+            if len(self._ended) < IN_A_ROW:
+                return
+            doomed, self._ended = self._ended, []
+        self._execute(f"DROP DATABASE {name} WITH (FORCE)" for name in doomed)
+
+    def _execute(self, statements: Iterable[str]) -> None:
+        import psycopg  # noqa: PLC0415
+
+        with psycopg.connect(self.url(), autocommit=True) as admin:
+            for sql in statements:
+                admin.execute(sql)
 
     def restart(self) -> None:
         """Stop the server at once (closing every connection) and start it again."""
