@@ -73,6 +73,20 @@ class Tx(Protocol):
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any: ...
 
+    def locking(self, *, skip: bool = False) -> str:
+        """The clause that ends a SELECT whose rows this transaction locks
+        until it ends, in the order the SELECT returns them (``skip``: it
+        passes over rows another transaction holds). Empty where the engine
+        has one writer at a time (SQLite): its rows need no lock of their own."""
+        ...
+
+    def try_lock(self, name: str) -> bool:
+        """Take the lock of the work called ``name`` (``"evict"``,
+        ``"clock"``) for this transaction if no other holds it, without
+        waiting: the work one writer does for all, which the others skip.
+        Always True where the engine has one writer at a time."""
+        ...
+
 
 class Database(abc.ABC):
     """An opened store location. Safe to share between threads.
@@ -90,8 +104,14 @@ class Database(abc.ABC):
     readonly: bool
 
     @abc.abstractmethod
-    def write(self, fn: Callable[[Tx], T]) -> T:
-        """Run ``fn`` in a transaction that may write; writers take turns."""
+    def write(self, fn: Callable[[Tx], T], *, fenced: bool = False) -> T:
+        """Run ``fn`` in a transaction that may write. Serial writers take
+        turns on one lock of the whole store (the run queue's order needs
+        it); a ``fenced`` one takes none: its own statements keep it correct
+        (the rows it decides on locked with ``Tx.locking``, the lease it
+        writes under named in its predicates), and it writes the rows that
+        every such write updates last. Where the engine has one writer at a
+        time (SQLite), every write is serial."""
 
     @abc.abstractmethod
     def read(self, fn: Callable[[Tx], T]) -> T:

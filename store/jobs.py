@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .db import Tx, values
+from .db import Tx, in_list, values
 from .errors import Conflict, NotFound
 from .schema import LIVE_JOB, TERMINAL_JOB, JobStatus, ended_status
 
@@ -259,9 +259,9 @@ def record(
     on PostgreSQL), so a batch costs a fixed number of calls however many
     outcomes it holds.
     """
-    seen, total = _look(
-        conn, [(o.job_id, o.pos) for o in outcomes] + [(j, -1) for j, _ in starting]
-    )
+    keys = [(o.job_id, o.pos) for o in outcomes] + [(j, -1) for j, _ in starting]
+    _lock(conn, sorted({job_id for job_id, _ in keys}))
+    seen, total = _look(conn, keys)
     now = conn.now  # read after the first statement: on PostgreSQL, in its round trip
     start = [
         (now, job_id)
@@ -293,8 +293,6 @@ def record(
             [(*added, now, job_id) for job_id, added in by_job.items()],
         )
     added_bytes = sum(added[0] for added in by_job.values())
-    if added_bytes:
-        conn.executemany("UPDATE job_bytes SET total = total + ?", [(added_bytes,)])
     ending: dict[str, int] = {}
     for i in kept.values():
         o = outcomes[i]
@@ -306,12 +304,33 @@ def record(
             " WHERE id = ?",
             [(outcomes[i].job_status, now, now, job_id) for job_id, i in ending.items()],
         )
+    evicted, freed = ([], 0) if max_bytes is None else _evict(conn, max_bytes, total + added_bytes)
+    _add_bytes(conn, added_bytes - freed)
     return Stored(
         refused,
         frozenset(ending.values()),
-        [] if max_bytes is None else evict(conn, max_bytes, total + added_bytes),
+        evicted,
         frozenset(i for key, i in kept.items() if seen[key][0] not in LIVE_JOB),
     )
+
+
+def _lock(conn: Tx, job_ids: Sequence[str]) -> None:
+    """Lock these jobs' rows until the transaction ends, in the order
+    given (every writer locks jobs in id order, so two never wait on each
+    other in a circle): what a fenced write decides on then stays as read.
+    Nothing to do where the engine has one writer at a time."""
+    locking = conn.locking()
+    for start in range(0, len(job_ids) if locking else 0, 500):
+        where, args = in_list("id", job_ids[start : start + 500])
+        conn.execute(f"SELECT id FROM jobs WHERE {where} ORDER BY id{locking}", args)
+
+
+def _add_bytes(conn: Tx, delta: int) -> None:
+    """Add ``delta`` to the bytes stored in all. The row every write of
+    bytes updates: written last, sent with the COMMIT (``executemany`` is
+    not waited for), so that no transaction holds it between round trips."""
+    if delta:
+        conn.executemany("UPDATE job_bytes SET total = total + ?", [(delta,)])
 
 
 def _decide(
@@ -381,33 +400,44 @@ def total_bytes(conn: Tx) -> int:
     return int(total)
 
 
-def evict(conn: Tx, max_bytes: int, total: int | None = None) -> list[str]:
+def evict(conn: Tx, max_bytes: int) -> list[str]:
     """Delete terminal jobs, least recently touched first (creation order breaks
     ties), until the stored bytes are within ``max_bytes`` or no terminal job
-    is left. Live jobs are never evicted. Returns the evicted ids, in order.
+    is left. Live jobs are never evicted. Returns the evicted ids, in order."""
+    evicted, freed = _evict(conn, max_bytes, total_bytes(conn))
+    _add_bytes(conn, -freed)
+    return evicted
 
-    Under budget this costs one row read, or none given the ``total`` bytes
-    stored now.
+
+def _evict(conn: Tx, max_bytes: int, total: int) -> tuple[list[str], int]:
+    """:func:`evict` given the ``total`` bytes stored now, leaving the total
+    to the caller: the evicted ids, and the bytes they held. Under budget
+    this costs nothing.
+
+    One writer evicts at a time (``Tx.try_lock``); another that finds it
+    busy skips eviction, leaving it to the next write. A job another
+    transaction holds is passed over. With writers side by side (on
+    PostgreSQL), the total is as of this transaction's first look: the
+    budget holds once the writes meanwhile are seen by the next eviction.
     """
     evicted: list[str] = []
-    if total is None:
-        total = total_bytes(conn)
-    while total > max_bytes:
+    if total <= max_bytes or not conn.try_lock("evict"):
+        return evicted, 0
+    left = total
+    while left > max_bytes:
         row = conn.execute(
             "SELECT id, nbytes FROM jobs"
             " WHERE status IN ('done', 'failed', 'partial', 'cancelled')"
-            " ORDER BY touched_at, seq LIMIT 1"
+            f" ORDER BY touched_at, seq LIMIT 1{conn.locking(skip=True)}"
         ).fetchone()
         if row is None:
             break
         job_id, nbytes = row
         conn.execute("DELETE FROM targets WHERE job_id = ?", (job_id,))
         conn.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
-        total -= nbytes
+        left -= nbytes
         evicted.append(job_id)
-    if evicted:
-        conn.execute("UPDATE job_bytes SET total = ?", (total,))
-    return evicted
+    return evicted, total - left
 
 
 def get_job(conn: Tx, job_id: str, owner: str) -> JobRow | None:
@@ -493,9 +523,9 @@ def interrupt(
         " RETURNING ndone, nfailed",
         (nbytes, cur.rowcount, job_id),
     ).fetchone()
-    conn.execute("UPDATE job_bytes SET total = total + ?", (nbytes,))
     status = ended_status(done, failed)
     set_job_status(conn, job_id, status, now)
+    _add_bytes(conn, nbytes)
     return status, cur.rowcount
 
 

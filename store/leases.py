@@ -103,13 +103,16 @@ def beat(
     ended: set[str] = set()
     # The one renewal statement: every lease of the runner, live or not; a
     # terminal job's lease is released unless kept.
+    # Its rows are locked in id order, as every writer locks jobs.
     kept, kept_args = in_list("id", keep)
     for job_id, token, status in conn.execute(
         "UPDATE jobs SET lease_until = ?,"
         f" lease_owner = CASE WHEN status IN ('queued', 'running') OR {kept}"
         " THEN lease_owner END"
-        " WHERE lease_owner = ? RETURNING id, lease_token, status",
-        (now + lapse, *kept_args, runner_id),
+        " WHERE lease_owner = ? AND id IN"
+        f" (SELECT id FROM jobs WHERE lease_owner = ? ORDER BY id{conn.locking()})"
+        " RETURNING id, lease_token, status",
+        (now + lapse, *kept_args, runner_id, runner_id),
     ):
         if status in LIVE_JOB:
             held[job_id] = token
@@ -159,7 +162,12 @@ def halted(conn: Tx, runner_id: str) -> list[str]:
 def _give_back_stall(conn: Tx, now: float, lapse: float) -> None:
     """Add to every lease the time since the last beat, if that is more than
     half a lease: no runner could beat meanwhile (runners beat three times a
-    lease), so the store could not be written (guarantee 2)."""
+    lease), so the store could not be written (guarantee 2).
+
+    One beat at a time keeps the clock; a beat that finds another at it
+    skips it (that one moves the clock on)."""
+    if not conn.try_lock("clock"):
+        return
     (last,) = conn.execute("SELECT beat_at FROM lease_clock").fetchone()
     gap = now - last
     if last and gap > lapse / 2:
@@ -189,12 +197,14 @@ def _gone(conn: Tx, runner_id: str, now: float) -> tuple[list[str], list[str]]:
 
 def _ids(conn: Tx, where: str, args: tuple[object, ...], limit: int) -> list[tuple[int, str]]:
     """The place in submit order and id of live jobs matching ``where``, in
-    that order, at most ``limit``."""
+    that order, at most ``limit``; their rows locked until the transaction
+    ends, but for those another transaction holds, which are passed over
+    (two runners never take one job, nor wait for each other to)."""
     return [
         (seq, job_id)
         for seq, job_id in conn.execute(
             f"SELECT seq, id FROM jobs WHERE status IN ('queued', 'running') AND {where}"
-            " ORDER BY seq LIMIT ?",
+            f" ORDER BY seq LIMIT ?{conn.locking(skip=True)}",
             (*args, limit),
         )
     ]

@@ -1,28 +1,43 @@
-"""The PostgreSQL engine: a pool of connections to one database, writers
-taking turns on one advisory lock, the server's clock, and the schema kept
-by a version table.
+"""The PostgreSQL engine: connections from psycopg's pool, writes fenced by
+the rows they touch, the server's clock, and the schema kept by a version
+table.
 
-How writers stay correct without SQLite's single writer: every write
-transaction runs under READ COMMITTED and starts by taking one
-transaction-level advisory lock (``pg_advisory_xact_lock``), held until it
-commits or rolls back. Under READ COMMITTED each statement sees every
-transaction committed before it began, so once the lock is held a write
-transaction sees the latest committed state and no other writer changes it
-until it ends: the read-then-write steps of the store (promotion in FIFO
-order, ``created_at`` after the last, eviction's pick, the byte total, the
-lease take-over) are exactly as safe as under SQLite's write lock. Under
-REPEATABLE READ they would not be (the snapshot would predate the lock).
-Readers take no lock and wait for no writer.
+How writers stay correct without SQLite's single writer (every write runs
+under READ COMMITTED, where each statement sees every transaction committed
+before it began):
 
-Writes are short (no fetch is ever made inside one), and the runner
-commits outcomes in groups, so one lock per database serves many runner
-processes; a session that stops in a transaction is ended by the server
-after ``IDLE_IN_TRANSACTION`` seconds, which frees the lock.
+- A **fenced** write (``Database.write(fn, fenced=True)``: everything the
+  runner writes for its jobs) takes no lock for the whole store. Its own
+  statements keep it correct: the rows it decides on are locked, in one
+  order, by the statement that reads them (``Tx.locking``), and its
+  predicates name the lease it writes under. Writes of different jobs
+  commit side by side, and a session stopped in one (a SIGSTOPped process)
+  holds only its own jobs' rows: no other runner needs them. Rows that
+  every such write would update (the byte total, the clock of beats) are
+  written last, sent with the COMMIT, so no session holds them while its
+  client is between round trips; work one process does for all (eviction,
+  the clock's give-back) is taken with a lock tried, never waited for.
+- A **serial** write (the default: the run queue, its nodes and leases,
+  migrations) starts by taking one transaction-level advisory lock, held
+  until it ends: the queue's FIFO promotion and the nodes it takes are a
+  store-wide order, and once the lock is held such a write sees the latest
+  committed state and no other serial writer changes it until it ends.
+  Under REPEATABLE READ this would not hold (the snapshot would predate the
+  lock). Runners never take this lock.
 
-Times come from the server (``clock_timestamp()``, read with the lock), so
-runners on hosts whose clocks disagree still agree on every lease,
-heartbeat and FIFO position; and, the lock ordering writers, they increase
-in commit order.
+Readers take no lock and wait for no writer. A session that stops inside a
+transaction is ended by the server after ``IDLE_IN_TRANSACTION`` seconds,
+which frees what it held.
+
+Every error the driver raises is judged in one place (``_attempt``): what
+failed before the COMMIT was sent, or in a read, is tried again if it was
+contention or a lost connection; a write whose connection dropped at or
+around its COMMIT is settled by the mark it left (``store_commits``):
+reported done if it committed, tried again if it did not, never both.
+
+Times come from the server (``clock_timestamp()``), so runners on hosts
+whose clocks disagree still agree on every lease, heartbeat and FIFO
+position.
 """
 
 from __future__ import annotations
@@ -36,6 +51,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -45,11 +61,13 @@ from .schema import MIGRATIONS, VERSION
 
 try:
     import psycopg
+    import psycopg_pool
     from psycopg import errors as pgerrors
     from psycopg.pq import TransactionStatus
 except ImportError as e:  # pragma: no cover - depends on the install
     raise StoreError(
-        "a postgresql:// store needs psycopg 3: pip install 'batch-store[postgres]'"
+        "a postgresql:// store needs psycopg 3 and psycopg-pool:"
+        " pip install 'batch-store[postgres]'"
     ) from e
 
 __all__ = ["LOCK_KEY", "PostgresDatabase"]
@@ -58,8 +76,11 @@ T = TypeVar("T")
 
 log = logging.getLogger("store")
 
-#: The advisory lock every write transaction takes ("bstore" in ASCII).
+#: The advisory lock every serial write takes ("bstore" in ASCII).
 LOCK_KEY = 0x6273746F7265
+#: The advisory locks a write tries, by name (``Tx.try_lock``): one
+#: session at a time does that work; the others skip it.
+TRY_LOCKS = {"evict": LOCK_KEY + 1, "clock": LOCK_KEY + 2}
 #: Seconds a session may sit idle inside a transaction before the server
 #: ends it (and so releases the write lock it holds).
 IDLE_IN_TRANSACTION = 10.0
@@ -69,8 +90,13 @@ LOCK_TIMEOUT = 20.0
 #: (a deadlock, a serialization failure, a lock timeout) or a lost
 #: connection before it started to commit.
 RETRY_FOR = 60.0
-#: Connections one ``Store`` opens at most; a thread wanting one more waits.
+#: Connections one ``Store`` opens at most; a thread wanting one more waits
+#: (until the transaction's deadline).
 POOL_SIZE = 8
+#: Seconds a new connection may take to be made.
+CONNECT_TIMEOUT = 10
+#: The name the store's sessions give the server (``pg_stat_activity``).
+APPLICATION = "batch-store"
 #: The channel the store's notices go out on (``Database.notify``).
 CHANNEL = "batch_store"
 #: Seconds the listener waits for a notice before it looks whether to stop.
@@ -79,17 +105,20 @@ LISTEN_POLL = 0.25
 RETRY_LISTEN = 1.0
 
 _CLOCK = "SELECT extract(epoch FROM clock_timestamp())::float8"
-#: A write begins by taking the lock, reading the clock, and leaving a mark
-#: (its connection's key and a token of its own, in ``store_commits``): should
-#: the connection drop as it commits, the mark says whether it did. All in
-#: one round trip. (A transaction id would not do: after a crash of the
-#: server, the id of a transaction whose commit was lost is given again.)
+#: A write begins by reading the clock (a serial one once it has the lock)
+#: and leaving a mark (its connection's key and a token of its own, in
+#: ``store_commits``, a row per connection): should the connection drop as
+#: it commits, the mark says whether it did. All in one round trip. (A
+#: transaction id would not do: after a crash of the server, the id of a
+#: transaction whose commit was lost is given again.)
 _BEGIN_LOCKED = f"BEGIN; {_CLOCK} FROM pg_advisory_xact_lock(%s)"
-_BEGIN_WRITE = (
-    f"{_BEGIN_LOCKED}; INSERT INTO store_commits (conn, token, at)"
+_MARK = (
+    "INSERT INTO store_commits (conn, token, at)"
     " VALUES (%s, %s, extract(epoch FROM clock_timestamp()))"
     " ON CONFLICT (conn) DO UPDATE SET token = excluded.token, at = excluded.at"
 )
+_BEGIN_SERIAL = f"{_BEGIN_LOCKED}; {_MARK}"
+_BEGIN_FENCED = f"BEGIN; {_CLOCK}; {_MARK}"
 #: Seconds a connection's mark is kept after its last write (pruned at open).
 MARKS_KEPT = 86_400.0
 #: A read sees one snapshot throughout, and may not write.
@@ -101,6 +130,9 @@ _CONTENTION = (
     pgerrors.DeadlockDetected,
     pgerrors.LockNotAvailable,
 )
+#: SQLSTATE classes of a connection that is gone, whatever the client saw:
+#: connection exceptions, and the server shutting the session down.
+_LOST_STATES = ("08", "57P")
 
 #: The schema at ``schema.VERSION``: the same tables, columns and indexes as
 #: the SQLite steps of ``store.schema`` arrive at, in PostgreSQL's types.
@@ -387,6 +419,20 @@ class _Tx:
             cur.nextset()
         return cur
 
+    def locking(self, *, skip: bool = False) -> str:
+        """The clause that locks the rows a SELECT returns, in the order it
+        returns them, for this transaction (``skip``: passing over rows
+        another holds)."""
+        return " FOR UPDATE SKIP LOCKED" if skip else " FOR UPDATE"
+
+    def try_lock(self, name: str) -> bool:
+        """Take the lock of ``name`` (``TRY_LOCKS``) for this transaction, if
+        no other session holds it; never waits."""
+        (taken,) = self.execute(
+            "SELECT pg_try_advisory_xact_lock(?)", (TRY_LOCKS[name],)
+        ).fetchone()
+        return bool(taken)
+
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         if not self.begun:
             self._start("")
@@ -417,84 +463,6 @@ class _Tx:
         pipeline, self._pipeline = self._pipeline, None
         if pipeline is not None:
             pipeline.__exit__(None, None, None)
-
-
-class _Pool:
-    """Connections to the database, at most ``size``, handed to one thread
-    at a time: a psycopg connection runs one statement at a time and would
-    share one transaction between threads.
-
-    ``_cond`` (with its lock) guards ``_idle``, ``_open``, ``_closed`` and
-    ``_keys``.
-    A connection is idle (in ``_idle``) only outside any transaction; one
-    that is broken, or closed, is never put back.
-    """
-
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], size: int) -> None:
-        self._connect = connect
-        self._size = size
-        self._cond = threading.Condition()
-        self._idle: list[psycopg.Connection[Any]] = []
-        self._open = 0
-        self._closed = False
-        # Each open connection's key, for the marks its writes leave.
-        self._keys: dict[int, str] = {}
-
-    def key(self, conn: psycopg.Connection[Any]) -> str:
-        """The key of this pooled connection: its own for as long as it lives."""
-        with self._cond:
-            return self._keys[id(conn)]
-
-    def get(self, closed_error: Callable[[], StoreError]) -> psycopg.Connection[Any]:
-        with self._cond:
-            while not self._closed and not self._idle and self._open >= self._size:
-                self._cond.wait()
-            if self._closed:
-                raise closed_error()
-            if self._idle:
-                return self._idle.pop()
-            self._open += 1
-        try:
-            conn = self._connect()
-        except BaseException:
-            with self._cond:
-                self._open -= 1
-                self._cond.notify()
-            raise
-        with self._cond:
-            self._keys[id(conn)] = uuid.uuid4().hex
-        return conn
-
-    def put(self, conn: psycopg.Connection[Any]) -> None:
-        usable = not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE
-        with self._cond:
-            if usable and not self._closed:
-                self._idle.append(conn)
-                self._cond.notify()
-                return
-            self._open -= 1
-            self._keys.pop(id(conn), None)
-            self._cond.notify()
-        with contextlib.suppress(psycopg.Error):
-            conn.close()
-
-    def discard(self) -> None:
-        """Close the idle connections: the server may have dropped them all."""
-        with self._cond:
-            idle, self._idle = self._idle, []
-            self._open -= len(idle)
-            for conn in idle:
-                self._keys.pop(id(conn), None)
-            self._cond.notify_all()
-        for conn in idle:
-            with contextlib.suppress(psycopg.Error):
-                conn.close()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self.discard()
 
 
 class _Listener:
@@ -565,23 +533,34 @@ class _Listener:
                 log.exception("a subscriber of store notices raised")
 
     def _listen(self, stop: threading.Event, listening: threading.Event) -> None:
-        first = True
+        """Until stopped: listen, and connect again whenever the connection
+        fails. Nothing ends this thread but ``stop``: a failure of any kind
+        is logged (once per outage) and waited out."""
+        first, failing = True, False
         while not stop.is_set():
             try:
-                with psycopg.connect(self._db.url, autocommit=True) as conn:
+                with psycopg.connect(
+                    self._db.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+                ) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     listening.set()
                     if not first:
                         self._dispatch(RESYNC)  # notices may have been lost meanwhile
-                    first = False
+                    first, failing = False, False
                     while not stop.is_set():
                         for n in conn.notifies(timeout=LISTEN_POLL):
                             self._dispatch(n.payload)
-            except psycopg.Error:
+            except Exception:
                 if stop.is_set():
                     return
-                log.warning("store %s: listening for notices failed; again soon", self._db.path)
-                first = False
+                if not failing:
+                    log.warning(
+                        "store %s: listening for notices failed; trying again every %gs",
+                        self._db.path,
+                        RETRY_LISTEN,
+                        exc_info=True,
+                    )
+                first, failing = False, True
                 stop.wait(RETRY_LISTEN)
 
 
@@ -592,47 +571,72 @@ class PostgresDatabase(Database):
         self.url = url
         self.path = _without_password(url)
         self.readonly = readonly
-        self._pool = _Pool(self._connect, POOL_SIZE)
         self._listener = _Listener(self)
-        self._opened = False  # until the schema is checked: fail fast
+        # Each pooled connection's key, for the marks its writes leave; its
+        # own for as long as it lives. ``_keys_lock`` guards it (the pool
+        # makes connections on threads of its own).
+        self._keys: weakref.WeakKeyDictionary[psycopg.Connection[Any], str] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._keys_lock = threading.Lock()
+        # The schema is checked (or made) on a connection of its own, before
+        # the pool: a server that cannot be reached fails the open at once.
         try:
-            if readonly:
-                self.read(self._check_version)
-            else:
-                # No mark: the table of marks may not be there yet.
-                self._run(self._migrate, write=True, mark=False)
-        except BaseException:
-            self._pool.close()
-            raise
-        self._opened = True
-
-    # -- connections ------------------------------------------------------------
-
-    def _connect(self) -> psycopg.Connection[Any]:
-        try:
-            conn = psycopg.connect(
-                self.url,
-                autocommit=True,  # transactions are BEGIN ... COMMIT, said here
+            first = psycopg.connect(
+                url,
+                autocommit=True,
                 cursor_factory=psycopg.ClientCursor,
-                application_name="batch-store",
+                connect_timeout=CONNECT_TIMEOUT,
+                application_name=APPLICATION,
             )
         except psycopg.Error as e:
             raise StoreError(f"cannot open store {self.path!r}: {_text(e)}") from e
-        try:
-            conn.execute(
-                "SELECT set_config('idle_in_transaction_session_timeout', %s, false),"
-                " set_config('lock_timeout', %s, false),"
-                " set_config('default_transaction_read_only', %s, false)",
-                (
-                    f"{IDLE_IN_TRANSACTION * 1000:.0f}",
-                    f"{LOCK_TIMEOUT * 1000:.0f}",
-                    "on" if self.readonly else "off",
-                ),
+        with first:
+            self._configure(first)
+            if readonly:
+                self._once(first, self._check_version, write=False)
+            else:
+                # No mark: the table of marks may not be there yet.
+                self._once(first, self._migrate, write=True)
+        self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = (
+            psycopg_pool.ConnectionPool(
+                url,
+                kwargs={
+                    "autocommit": True,  # transactions are BEGIN ... COMMIT, said here
+                    "cursor_factory": psycopg.ClientCursor,
+                    "connect_timeout": CONNECT_TIMEOUT,
+                    "application_name": APPLICATION,
+                },
+                min_size=1,
+                max_size=POOL_SIZE,
+                configure=self._configure,
+                name=f"store {self.path}",
+                num_workers=2,
+                open=True,
             )
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        )
+
+    # -- connections ------------------------------------------------------------
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        """Set up a new connection: the server ends a session idle in a
+        transaction, and a statement waiting too long for a lock."""
+        conn.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, false),"
+            " set_config('lock_timeout', %s, false),"
+            " set_config('default_transaction_read_only', %s, false)",
+            (
+                f"{IDLE_IN_TRANSACTION * 1000:.0f}",
+                f"{LOCK_TIMEOUT * 1000:.0f}",
+                "on" if self.readonly else "off",
+            ),
+        )
+        with self._keys_lock:
+            self._keys[conn] = uuid.uuid4().hex
+
+    def _key(self, conn: psycopg.Connection[Any]) -> str:
+        with self._keys_lock:
+            return self._keys[conn]
 
     def clock(self, server: float) -> float:
         """The store's clock: the server's, as read in the transaction."""
@@ -640,46 +644,59 @@ class PostgresDatabase(Database):
 
     # -- transactions -------------------------------------------------------------
 
-    def write(self, fn: Callable[[Tx], T]) -> T:
+    def write(self, fn: Callable[[Tx], T], *, fenced: bool = False) -> T:
         if self.readonly:
             raise StoreError(f"store {self.path!r} is open for reading only")
-        return self._run(fn, write=True, mark=True)
+        return self._run(fn, write=True, fenced=fenced)
 
     def read(self, fn: Callable[[Tx], T]) -> T:
-        return self._run(fn, write=False, mark=False)
+        return self._run(fn, write=False, fenced=False)
 
-    def _run(self, fn: Callable[[Tx], T], *, write: bool, mark: bool) -> T:
-        """Run ``fn`` in one transaction, trying again (with a new
-        connection where the old one broke) while what fails is contention
-        or a connection lost before the commit was made."""
+    def _once(self, conn: psycopg.Connection[Any], fn: Callable[[Tx], T], *, write: bool) -> T:
+        """Run ``fn`` once on ``conn`` (opening the store: no retry, no mark)."""
+        try:
+            tx = _Tx(self, conn, (_BEGIN_LOCKED, (LOCK_KEY,)) if write else None)
+            result = fn(tx)
+            tx.commit()
+        except psycopg.Error as e:
+            _rollback(conn)
+            raise StoreError(f"cannot open store {self.path!r}: {_text(e)}") from e
+        except BaseException:
+            _rollback(conn)
+            raise
+        return result
+
+    def _run(self, fn: Callable[[Tx], T], *, write: bool, fenced: bool) -> T:
+        """Run ``fn`` in one transaction, trying again (on another
+        connection where the one it had broke) while what fails is
+        contention, or a lost connection whose transaction did not commit,
+        until ``RETRY_FOR`` seconds have passed."""
         deadline = time.monotonic() + RETRY_FOR
         delay = 0.005
         while True:
             conn = self._connection(deadline)
             try:
-                return self._attempt(conn, fn, write=write, mark=mark, deadline=deadline)
+                return self._attempt(conn, fn, write=write, fenced=fenced, deadline=deadline)
             except _TryAgain as again:
                 if time.monotonic() + delay > deadline:
-                    raise self._error(again.cause, committing=False) from again.cause
+                    raise self._error(again.cause) from again.cause
             finally:
-                self._pool.put(conn)
+                self._pool.putconn(conn)
             time.sleep(delay)  # contention, or a server away: nothing to be notified by
             delay = min(2 * delay, 0.5)
 
     def _connection(self, deadline: float) -> psycopg.Connection[Any]:
-        """A connection from the pool. Once the store is open, a server that
-        cannot be reached is restarting, or the network is down a while: it
-        is waited for until ``deadline``."""
-        delay = 0.005
-        while True:
-            try:
-                return self._pool.get(lambda: StoreError(f"store {self.path!r} is closed"))
-            except StoreError as e:
-                unreachable = isinstance(e.__cause__, psycopg.OperationalError)
-                if not (self._opened and unreachable) or time.monotonic() + delay > deadline:
-                    raise
-            time.sleep(delay)
-            delay = min(2 * delay, 0.5)
+        """A connection from the pool, waited for until ``deadline`` at most
+        (the pool makes new ones meanwhile: a server restarting is waited
+        for)."""
+        try:
+            return self._pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
+        except psycopg_pool.PoolClosed as e:
+            raise StoreError(f"store {self.path!r} is closed") from e
+        except psycopg_pool.PoolTimeout as e:
+            raise StoreError(
+                f"store {self.path!r}: no connection to the server within {RETRY_FOR:g}s"
+            ) from e
 
     def _attempt(
         self,
@@ -687,77 +704,93 @@ class PostgresDatabase(Database):
         fn: Callable[[Tx], T],
         *,
         write: bool,
-        mark: bool,
+        fenced: bool,
         deadline: float,
     ) -> T:
-        """One try of the transaction; ``_TryAgain`` when nothing of it
-        stands and trying again may succeed. A write that leaves its
-        ``mark`` can tell, should its connection drop as it commits, whether
-        it did."""
+        """One try of the transaction. Every error of the driver is judged
+        here: ``_TryAgain`` when nothing of the transaction stands and
+        trying again may succeed; the value of ``fn`` when the commit's
+        answer was lost but its mark says it committed; else the store's
+        error."""
+        key, token, pid = self._key(conn), secrets.randbits(62), conn.info.backend_pid
+        begin: tuple[str, tuple[object, ...]] | None = None
+        if write:
+            begin = (
+                (_BEGIN_FENCED, (key, token)) if fenced else (_BEGIN_SERIAL, (LOCK_KEY, key, token))
+            )
+        tx = _Tx(self, conn, begin)
         committing = False
-        key, token = self._pool.key(conn), secrets.randbits(62)
-        tx: _Tx | None = None
         try:
-            begin: tuple[str, tuple[object, ...]] | None = None
-            if write:
-                begin = (
-                    (_BEGIN_WRITE, (LOCK_KEY, key, token)) if mark else (_BEGIN_LOCKED, (LOCK_KEY,))
-                )
-            tx = _Tx(self, conn, begin)
             result = fn(tx)
             committing = True
             tx.commit()
         except psycopg.Error as e:
-            if tx is not None:
-                tx.abandon()
-            _rollback(conn)
-            lost = isinstance(e, psycopg.OperationalError) and conn.closed
-            if lost:
-                self._pool.discard()
-            if lost and committing and mark:
-                # The commit was sent, and the answer lost: ask the server.
-                outcome = self._outcome(key, token, deadline)
-                if outcome == "committed":
+            tx.abandon()
+            lost = _lost(conn, e)
+            # Whether the COMMIT may have been carried out without its answer
+            # reaching us: it was sent, and no answer of the server's own
+            # said it failed.
+            unsure = write and committing and tx.begun and (lost or e.sqlstate is None)
+            if lost or unsure:
+                # Closed, so that the transaction is over on the server (or
+                # committing, out of our hands) and the pool makes another.
+                conn.close()
+                self._pool.check()  # its idle connections may be as dead
+            else:
+                _rollback(conn)
+            if unsure:
+                committed = self._committed(key, token, pid, tx.now, deadline)
+                if committed is None:
+                    raise StoreError(
+                        f"store {self.path!r}: the connection was lost while committing, and"
+                        " the server could not be asked whether the transaction was"
+                        f" committed: {_text(e)}"
+                    ) from e
+                if committed:
                     return result
-                committing = outcome != "aborted"
-            if isinstance(e, _CONTENTION) or (lost and not committing):
+                lost = True  # it did not commit: as good as lost before the COMMIT
+            if lost or isinstance(e, _CONTENTION):
                 raise _TryAgain(e) from e
-            raise self._error(e, committing=committing and lost) from e
+            raise self._error(e) from e
         except BaseException:
-            if tx is not None:
-                tx.abandon()
+            tx.abandon()
             _rollback(conn)
             raise
         return result
 
-    def _outcome(self, key: str, token: int, deadline: float) -> str | None:
-        """Whether the write that left mark ``token`` on connection ``key``,
-        whose connection dropped while it committed, did: ``"committed"``
-        (the mark is there) or ``"aborted"`` (it is not: the connection is
-        gone, so nothing else writes its mark), asked on a new connection
-        until ``deadline``; None if the server could not be asked."""
+    def _committed(
+        self, key: str, token: int, pid: int, began: float, deadline: float
+    ) -> bool | None:
+        """Whether the write that left mark ``token`` on connection ``key``
+        committed, its connection having been lost as it did. Asked on a
+        connection of its own once the session that ran it (server process
+        ``pid``, there since before ``began``) is over, since until then it
+        may still be committing; until ``deadline``. None if the server
+        could not be asked by then."""
         delay = 0.005
         while time.monotonic() + delay <= deadline:
             try:
-                with psycopg.connect(self.url, autocommit=True) as conn:
+                with psycopg.connect(
+                    self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+                ) as conn:
                     row = conn.execute(
-                        "SELECT token FROM store_commits WHERE conn = %s", (key,)
+                        "SELECT (SELECT token FROM store_commits WHERE conn = %s),"
+                        " EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s"
+                        "  AND backend_start <= to_timestamp(%s))",
+                        (key, pid, began),
                     ).fetchone()
+                mark, running = row or (None, True)
+                if mark == token or not running:
+                    return bool(mark == token)
             except psycopg.Error:
-                time.sleep(delay)  # the server is away
-                delay = min(2 * delay, 0.5)
-                continue
-            return "committed" if row is not None and row[0] == token else "aborted"
+                pass  # the server is away: ask again
+            time.sleep(delay)
+            delay = min(2 * delay, 0.5)
         return None
 
-    def _error(self, e: psycopg.Error, *, committing: bool) -> StoreError:
+    def _error(self, e: psycopg.Error) -> StoreError:
         if isinstance(e, pgerrors.UniqueViolation):
             return Conflict(f"store {self.path!r}: {_text(e)}")
-        if committing:
-            return StoreError(
-                f"store {self.path!r}: the connection was lost while committing; the"
-                f" transaction may or may not have been committed: {_text(e)}"
-            )
         return StoreError(f"store {self.path!r}: {_text(e)}")
 
     def close(self) -> None:
@@ -818,6 +851,12 @@ class PostgresDatabase(Database):
                 tx.execute(statement)
         if version != VERSION:
             tx.execute(f"UPDATE {_VERSION_TABLE} SET version = ?", (VERSION,))
+
+
+def _lost(conn: psycopg.Connection[Any], e: psycopg.Error) -> bool:
+    """Whether ``e`` means the connection is gone (or no longer to be trusted)."""
+    state = e.sqlstate or ""
+    return conn.closed or conn.broken or state.startswith(_LOST_STATES)
 
 
 def _rollback(conn: psycopg.Connection[Any]) -> None:

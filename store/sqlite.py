@@ -32,6 +32,14 @@ class _Conn(sqlite3.Connection):
 
     now: float = 0.0
 
+    def locking(self, *, skip: bool = False) -> str:
+        """Nothing: the file's write lock keeps every other writer out."""
+        return ""
+
+    def try_lock(self, name: str) -> bool:
+        """Always taken: the file's write lock is held already."""
+        return True
+
 
 class SQLiteDatabase(Database):
     """One SQLite connection shared by every thread of one ``Store``.
@@ -135,7 +143,7 @@ class SQLiteDatabase(Database):
                 # PRAGMA takes no bound parameter; VERSION is our own int.
                 conn.execute(f"PRAGMA user_version = {VERSION:d}")
 
-    def write(self, fn: Callable[[Tx], T]) -> T:
+    def write(self, fn: Callable[[Tx], T], *, fenced: bool = False) -> T:
         with self.transaction() as conn:
             return fn(conn)
 

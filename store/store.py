@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import Any
 
 from . import jobs, leases, nodes, queue, record, runs, waiting
-from .db import CANCELLED, WORK, Database, Synchronous, Tx
+from .db import CANCELLED, WORK, Database, Synchronous, Tx, in_list
 from .errors import StoreError
 from .explain import explain as explain_run
 from .jobs import JobRow, JobSummary, Lease, Stored, TargetOutcome, TargetRow
@@ -123,12 +123,14 @@ class Store:
             if until is None or (leased is not None and leased < len(new)):
                 self._db.notify(tx, WORK)
 
-        self._db.write(create)
+        self._db.write(create, fenced=True)
 
     def set_job_status(self, job_id: str, status: str, lease: Lease | None = None) -> bool:
         """Move a live job to ``status``; False if it is gone, already terminal
         or (given ``lease``) held by another."""
-        return self._db.write(lambda tx: jobs.set_job_status(tx, job_id, status, tx.now, lease))
+        return self._db.write(
+            lambda tx: jobs.set_job_status(tx, job_id, status, tx.now, lease), fenced=True
+        )
 
     def cancel_job(self, job_id: str, owner: str) -> bool:
         """Cancel ``owner``'s live job, whichever runner holds it; False if
@@ -140,7 +142,7 @@ class Store:
                 self._db.notify(tx, CANCELLED + job_id)
             return cancelled
 
-        return self._db.write(cancel)
+        return self._db.write(cancel, fenced=True)
 
     def job_status(self, job_id: str, owner: str) -> JobStatus | None:
         """The status of ``owner``'s job, or None if there is none."""
@@ -173,7 +175,7 @@ class Store:
                 raise stored.refused[0]  # rolls the transaction back
             return stored.evicted
 
-        return self._db.write(store_one)
+        return self._db.write(store_one, fenced=True)
 
     def store_targets(
         self,
@@ -190,7 +192,9 @@ class Store:
         First, the ``starting`` jobs (id and lease) still ``queued`` become
         ``running``."""
 
-        return self._db.write(lambda tx: jobs.record(tx, outcomes, starting, max_bytes))
+        return self._db.write(
+            lambda tx: jobs.record(tx, outcomes, starting, max_bytes), fenced=True
+        )
 
     def get_job(self, job_id: str, owner: str) -> JobRow | None:
         """The job and its targets, or None if ``owner`` has no such job."""
@@ -200,6 +204,28 @@ class Store:
         """The job and its targets whoever owns it, or None: for an operator's
         tools. A service answering its callers uses :meth:`get_job`."""
         return self._db.read(lambda tx: jobs.find_job(tx, job_id))
+
+    def job_leases(self, job_ids: Sequence[str]) -> dict[str, tuple[JobRow, str | None, int]]:
+        """Each of these jobs that is stored, by id: the job with its
+        targets, the runner holding its lease (None: no runner does) and
+        the fencing token it was last leased with, all from one snapshot.
+
+        What a runner reads to learn, rather than guess, whether it still
+        holds a job: after the store refused an outcome of it (a commit
+        whose answer was lost may have stored that outcome already), or
+        when a beat renews the lease of a job it does not run."""
+
+        def read(tx: Tx) -> dict[str, tuple[JobRow, str | None, int]]:
+            leases: dict[str, tuple[str | None, int]] = {}
+            for start in range(0, len(job_ids), 500):
+                where, args = in_list("id", job_ids[start : start + 500])
+                for job_id, owner, token in tx.execute(
+                    f"SELECT id, lease_owner, lease_token FROM jobs WHERE {where}", args
+                ):
+                    leases[job_id] = (owner, token)
+            return {row.id: (row, *leases[row.id]) for row in jobs.load_jobs(tx, list(leases))}
+
+        return self._db.read(read)
 
     def find_targets(
         self, job_id: str, *, start: int = 0, limit: int | None = None
@@ -223,11 +249,11 @@ class Store:
 
     def touch_job(self, job_id: str, owner: str) -> bool:
         """Mark the job used now, so eviction takes it last; False if unknown."""
-        return self._db.write(lambda tx: jobs.touch_job(tx, job_id, owner, tx.now))
+        return self._db.write(lambda tx: jobs.touch_job(tx, job_id, owner, tx.now), fenced=True)
 
     def evict(self, max_bytes: int) -> list[str]:
         """Evict terminal jobs, least recently touched first, down to ``max_bytes``."""
-        return self._db.write(lambda tx: jobs.evict(tx, max_bytes))
+        return self._db.write(lambda tx: jobs.evict(tx, max_bytes), fenced=True)
 
     def interrupt_job(
         self, job_id: str, hint: str, lease: Lease | None = None
@@ -236,14 +262,16 @@ class Store:
         error ``interrupted``); return its terminal status and how many
         targets that failed, or None if it is not live (or not held with
         ``lease``)."""
-        return self._db.write(lambda tx: jobs.interrupt(tx, job_id, hint, tx.now, lease))
+        return self._db.write(
+            lambda tx: jobs.interrupt(tx, job_id, hint, tx.now, lease), fenced=True
+        )
 
     # -- batch runners ---------------------------------------------------------
 
     def register_runner(self, runner_id: str, lapse: float = 5.0) -> None:
         """Record a runner of this process as alive, its leases ``lapse``
         seconds long (it is gone once silent for that long)."""
-        self._db.write(lambda tx: leases.register(tx, runner_id, tx.now, lapse))
+        self._db.write(lambda tx: leases.register(tx, runner_id, tx.now, lapse), fenced=True)
 
     def beat_runner(
         self,
@@ -259,7 +287,8 @@ class Store:
         return self._db.write(
             lambda tx: leases.beat(
                 tx, runner_id, tx.now, lapse, room=room, foreign=foreign, keep=keep
-            )
+            ),
+            fenced=True,
         )
 
     def halted_jobs(self, runner_id: str) -> list[str]:
@@ -275,7 +304,7 @@ class Store:
             leases.retire(tx, runner_id)
             self._db.notify(tx, WORK)
 
-        self._db.write(retire)
+        self._db.write(retire, fenced=True)
 
     def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
         """Call ``callback(notice)`` on a thread of the store's for each

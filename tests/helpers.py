@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 import batch
-from store.postgres import LOCK_KEY, PostgresDatabase
+from store.postgres import PostgresDatabase
 from store.sqlite import SQLiteDatabase
 from tests import pgserver
 
@@ -114,8 +114,10 @@ def raw(location: str, sql: str, args: tuple[object, ...] = ()) -> list[tuple[An
 def hold_write_lock(location: str, seconds: float) -> tuple[float, float]:
     """Hold the store's write lock for ``seconds`` from another connection
     (what a stuck or slow process does to every runner): SQLite's file lock,
-    or the advisory lock PostgreSQL writers take. Returns when it was taken
-    and when it was let go, by ``time.time()``."""
+    or on PostgreSQL the jobs table locked against every writer (runners
+    take no lock of the whole store there: only a table lock stalls them
+    all). Returns when it was taken and when it was let go, by
+    ``time.time()``."""
     with _write_lock(location, wait=True) as taken:
         assert taken
         began = time.time()
@@ -127,7 +129,8 @@ def hold_write_lock(location: str, seconds: float) -> tuple[float, float]:
 
 
 def write_locked(location: str) -> bool:
-    """Whether some process holds the store's write lock right now."""
+    """Whether some process holds the store's write lock right now (on
+    PostgreSQL: is writing jobs)."""
     with _write_lock(location, wait=False) as taken:
         return not taken
 
@@ -136,14 +139,18 @@ def write_locked(location: str) -> bool:
 def _write_lock(location: str, *, wait: bool) -> Iterator[bool]:
     if location.startswith("postgresql://"):
         with psycopg.connect(location, autocommit=True) as pg:
-            how = "pg_advisory_lock" if wait else "pg_try_advisory_lock"
-            got = pg.execute(f"SELECT {how}(%s)", (LOCK_KEY,)).fetchone()
-            taken = got is not None and got[0] is not False
+            pg.execute("BEGIN")
+            try:
+                pg.execute("LOCK TABLE jobs IN EXCLUSIVE MODE" + ("" if wait else " NOWAIT"))
+                taken = True
+            except psycopg.errors.LockNotAvailable:
+                pg.execute("ROLLBACK")
+                taken = False
             try:
                 yield taken
             finally:
                 if taken:
-                    pg.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
+                    pg.execute("COMMIT")
         return
     timeout = TIMEOUT if wait else 0.05
     with contextlib.closing(
@@ -180,6 +187,13 @@ class Traced:
         self.seen.append(sql)
         return self.tx.executemany(sql, rows)
 
+    def locking(self, *, skip: bool = False) -> str:
+        return str(self.tx.locking(skip=skip))
+
+    def try_lock(self, name: str) -> bool:
+        self.seen.append(f"try_lock {name}")
+        return bool(self.tx.try_lock(name))
+
 
 def trace(db: Any, monkeypatch: Any) -> list[str]:
     """Note every statement the store ``db`` runs from now on (with its
@@ -187,7 +201,11 @@ def trace(db: Any, monkeypatch: Any) -> list[str]:
     seen: list[str] = []
     for name in ("read", "write"):
         run = getattr(db._db, name)
-        monkeypatch.setattr(db._db, name, lambda fn, run=run: run(lambda tx: fn(Traced(tx, seen))))
+        monkeypatch.setattr(
+            db._db,
+            name,
+            lambda fn, run=run, **how: run(lambda tx: fn(Traced(tx, seen)), **how),
+        )
     return seen
 
 

@@ -11,7 +11,6 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -246,26 +245,6 @@ def test_a_restart_of_the_server_loses_nothing_and_ends_no_worker(
     assert sorted(stored) == sorted((ref, "done") for job in refs for ref in job)
 
 
-class DropsAtCommit:
-    """A pooled connection that drops as it commits, once: ``after`` the
-    server committed (the answer lost), or before (the server rolls back)."""
-
-    def __init__(self, conn: psycopg.Connection[Any], after: bool, state: dict[str, int]):
-        self._conn, self._after, self._state = conn, after, state
-
-    def execute(self, sql: Any, *args: Any, **kwargs: Any) -> Any:
-        if sql == "COMMIT" and not self._state["dropped"]:
-            self._state["dropped"] = 1
-            if self._after:
-                self._conn.execute(sql)
-            self._conn.close()
-            raise psycopg.OperationalError("the connection dropped")
-        return self._conn.execute(sql, *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-
 @pytest.mark.parametrize("after", [True, False], ids=["committed", "not-committed"])
 def test_a_connection_lost_at_commit_is_resolved_by_asking_the_server(
     url: str, monkeypatch: pytest.MonkeyPatch, after: bool
@@ -277,15 +256,19 @@ def test_a_connection_lost_at_commit_is_resolved_by_asking_the_server(
     with store.open(url) as db:
         db.create_job("j", "alice", ["x", "y"])
         state = {"dropped": 0}
-        get = store.postgres._Pool.get
+        commit = store.postgres._Tx.commit
 
-        def dropping(pool: store.postgres._Pool, closed: Any) -> Any:
-            real = get(pool, closed)
-            proxy = DropsAtCommit(real, after, state)
-            pool._keys[id(proxy)] = pool.key(real)  # the proxy is the connection now
-            return proxy
+        def dropping(tx: store.postgres._Tx) -> None:
+            """The first COMMIT: made (``after``) or not, then the connection drops."""
+            if state["dropped"]:
+                return commit(tx)
+            state["dropped"] = 1
+            if after:
+                commit(tx)
+            tx._conn.close()
+            raise psycopg.OperationalError("the connection dropped")
 
-        monkeypatch.setattr(store.postgres._Pool, "get", dropping)
+        monkeypatch.setattr(store.postgres._Tx, "commit", dropping)
         stored = db.store_targets([store.TargetOutcome("j", 0, "done", result='"v"')])
         monkeypatch.undo()
         assert state["dropped"] == 1
