@@ -83,7 +83,7 @@ LOCK_KEY = 0x6273746F7265
 TRY_LOCKS = {"evict": LOCK_KEY + 1, "clock": LOCK_KEY + 2}
 #: Seconds a session may sit idle inside a transaction before the server
 #: ends it (and so releases the write lock it holds).
-IDLE_IN_TRANSACTION = 10.0
+IDLE_IN_TRANSACTION = 5.0
 #: Seconds a statement waits for a lock before it fails (and is retried).
 LOCK_TIMEOUT = 20.0
 #: How long a transaction is tried again while it meets only contention
@@ -95,6 +95,9 @@ RETRY_FOR = 60.0
 POOL_SIZE = 8
 #: Seconds a new connection may take to be made.
 CONNECT_TIMEOUT = 10
+#: Seconds a transaction waits for the pool before it looks whether the
+#: pool is failing to connect (see ``PostgresDatabase._connection``).
+POOL_PATIENCE = 0.1
 #: The name the store's sessions give the server (``pg_stat_activity``).
 APPLICATION = "batch-store"
 #: The channel the store's notices go out on (``Database.notify``).
@@ -573,26 +576,28 @@ class PostgresDatabase(Database):
         self.readonly = readonly
         self._listener = _Listener(self)
         # Each pooled connection's key, for the marks its writes leave; its
-        # own for as long as it lives. ``_keys_lock`` guards it (the pool
+        # own for as long as it lives. ``_lock`` guards it (the pool
         # makes connections on threads of its own).
         self._keys: weakref.WeakKeyDictionary[psycopg.Connection[Any], str] = (
             weakref.WeakKeyDictionary()
         )
-        self._keys_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._kwargs: dict[str, Any] = {
+            "autocommit": True,  # transactions are BEGIN ... COMMIT, said here
+            "cursor_factory": psycopg.ClientCursor,
+            "connect_timeout": CONNECT_TIMEOUT,
+            "application_name": APPLICATION,
+        }
+        # Failed connection attempts of the pool's, as of when it last served
+        # after a wait (see _connection); guarded by ``_lock``.
+        self._pool_errors = 0
         # The schema is checked (or made) on a connection of its own, before
         # the pool: a server that cannot be reached fails the open at once.
         try:
-            first = psycopg.connect(
-                url,
-                autocommit=True,
-                cursor_factory=psycopg.ClientCursor,
-                connect_timeout=CONNECT_TIMEOUT,
-                application_name=APPLICATION,
-            )
+            first = self._connect()
         except psycopg.Error as e:
             raise StoreError(f"cannot open store {self.path!r}: {_text(e)}") from e
         with first:
-            self._configure(first)
             if readonly:
                 self._once(first, self._check_version, write=False)
             else:
@@ -601,12 +606,7 @@ class PostgresDatabase(Database):
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = (
             psycopg_pool.ConnectionPool(
                 url,
-                kwargs={
-                    "autocommit": True,  # transactions are BEGIN ... COMMIT, said here
-                    "cursor_factory": psycopg.ClientCursor,
-                    "connect_timeout": CONNECT_TIMEOUT,
-                    "application_name": APPLICATION,
-                },
+                kwargs=self._kwargs,
                 min_size=1,
                 max_size=POOL_SIZE,
                 configure=self._configure,
@@ -631,11 +631,11 @@ class PostgresDatabase(Database):
                 "on" if self.readonly else "off",
             ),
         )
-        with self._keys_lock:
+        with self._lock:
             self._keys[conn] = uuid.uuid4().hex
 
     def _key(self, conn: psycopg.Connection[Any]) -> str:
-        with self._keys_lock:
+        with self._lock:
             return self._keys[conn]
 
     def clock(self, server: float) -> float:
@@ -674,29 +674,62 @@ class PostgresDatabase(Database):
         deadline = time.monotonic() + RETRY_FOR
         delay = 0.005
         while True:
-            conn = self._connection(deadline)
+            conn, pooled = self._connection(deadline)
             try:
                 return self._attempt(conn, fn, write=write, fenced=fenced, deadline=deadline)
             except _TryAgain as again:
                 if time.monotonic() + delay > deadline:
                     raise self._error(again.cause) from again.cause
             finally:
-                self._pool.putconn(conn)
+                if pooled:
+                    self._pool.putconn(conn)
+                else:
+                    conn.close()
             time.sleep(delay)  # contention, or a server away: nothing to be notified by
             delay = min(2 * delay, 0.5)
 
-    def _connection(self, deadline: float) -> psycopg.Connection[Any]:
-        """A connection from the pool, waited for until ``deadline`` at most
-        (the pool makes new ones meanwhile: a server restarting is waited
-        for)."""
+    def _connection(self, deadline: float) -> tuple[psycopg.Connection[Any], bool]:
+        """A connection, and whether it is the pool's, waited for until
+        ``deadline`` at most.
+
+        The pool makes new connections on its own threads, and after one
+        failed to connect it tries again only after a backoff that grows to
+        seconds: a server restarting in a fraction of a second would leave
+        the store idle that long. So a transaction that waits for the pool
+        more than ``POOL_PATIENCE`` while the pool has failed to connect
+        since it last served one, connects itself (a connection used once,
+        then closed), until the pool serves again."""
+        waited = False
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                conn = self._pool.getconn(timeout=max(min(left, POOL_PATIENCE), 0.001))
+            except psycopg_pool.PoolClosed as e:
+                raise StoreError(f"store {self.path!r} is closed") from e
+            except psycopg_pool.PoolTimeout as e:
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"store {self.path!r}: no connection to the server within {RETRY_FOR:g}s"
+                    ) from e
+                waited = True
+                if self._pool.get_stats().get("connections_errors", 0) > self._pool_errors:
+                    with contextlib.suppress(psycopg.Error):  # still away: wait for the pool
+                        return self._connect(), False
+                continue
+            if waited:
+                with self._lock:
+                    self._pool_errors = self._pool.get_stats().get("connections_errors", 0)
+            return conn, True
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        """A connection of its own, set up as the pool's are."""
+        conn = psycopg.connect(self.url, **self._kwargs)
         try:
-            return self._pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
-        except psycopg_pool.PoolClosed as e:
-            raise StoreError(f"store {self.path!r} is closed") from e
-        except psycopg_pool.PoolTimeout as e:
-            raise StoreError(
-                f"store {self.path!r}: no connection to the server within {RETRY_FOR:g}s"
-            ) from e
+            self._configure(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _attempt(
         self,
