@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import TypeVar
 
 import store
+from store.schema import LIVE_JOB
 
 from .attempt import Outcome
 from .errors import RetryLater
@@ -99,14 +100,21 @@ def _save(s: State[C], ended: list[tuple[LiveJob[C], Outcome]]) -> None:
     with its last target, and the jobs starting as running; then move the
     jobs on. Called with the lock held; releases it while the store writes.
 
-    A store that refuses the write (locked, disk full) is asked again with
-    backoff until it accepts; the jobs stay running, so none starts its next
-    target before its outcome is stored. Once the runner is closing it is
-    not asked again: the outcomes are dropped and the targets stay pending,
-    for the next runner.
+    A store that fails the write (locked, disk full, connection lost, or
+    anything else it or its driver raises) is asked again with backoff
+    until it accepts; the jobs stay running, so none starts its next target
+    before its outcome is stored. Once the runner is closing it is not asked
+    again: the outcomes are dropped and the targets stay pending, for the
+    next runner.
+
+    A write reported failed may have committed all the same (the answer to
+    its COMMIT was lost): the next try then finds its targets stored, and
+    the store refuses them. So a refused outcome is not taken for a lost
+    lease: the store is asked who holds the job (:func:`_resync`).
     """
     delay = BACKOFF_FIRST
     starting = take_starting(s)
+    trouble = s.trouble("the group commit")
     while ended or starting:
         # Cancel may come while the store refuses: decide each time.
         outcomes = [_stored(job, o) for job, o in ended]
@@ -115,7 +123,7 @@ def _save(s: State[C], ended: list[tuple[LiveJob[C], Outcome]]) -> None:
                 stored = s.store.store_targets(
                     outcomes, max_bytes=s.config.max_bytes, starting=starting
                 )
-        except store.StoreError:
+        except Exception:  # whatever the store or its driver raises: no worker dies of it
             if s.closed:
                 log.exception(
                     "runner closing: %d outcome(s) dropped; their targets stay pending"
@@ -128,30 +136,144 @@ def _save(s: State[C], ended: list[tuple[LiveJob[C], Outcome]]) -> None:
             if not ended:
                 give_back_starting(s, starting)
                 return
-            log.warning(
-                "cannot store %d outcome(s); trying again in %.2gs",
-                len(ended),
-                delay,
-                exc_info=True,
-            )
+            trouble.failed("cannot store %d outcome(s); trying again in %.2gs", len(ended), delay)
             s.wait(s.done, delay)
             delay = min(2 * delay, BACKOFF_MAX)
             continue
+        trouble.ok()
+        refused: list[tuple[LiveJob[C], Outcome, store.StoreError]] = []
         for i, (job, outcome) in enumerate(ended):
-            refused = stored.refused.get(i)
-            if refused is not None:
-                # Its lease is another runner's, or it was cancelled and
-                # evicted meanwhile: this runner is done with it.
-                log.warning("target %d of job %s not stored: %s", job.next, job.id, refused)
-                job.lost = True
-                s.settle(job)
+            why = stored.refused.get(i)
+            if why is not None:
+                refused.append((job, outcome, why))  # still running: no worker picks it
                 continue
             end = outcomes[i].job_status if i in stored.ended else None
             if i in stored.cancelled:
                 job.cancelled = True
                 job.ctx.cancel("cancelled")
             _advance(s, job, outcome, end)
+        if refused:
+            _resync(s, refused)
         return
+
+
+def _resync(s: State[C], refused: list[tuple[LiveJob[C], Outcome, store.StoreError]]) -> None:
+    """The store refused these outcomes (the job's lease is another's, the
+    job is gone, or the target is stored already): ask it, in one read made
+    with the lock released, who holds each job and what of it is stored,
+    and go on from there. Called with the lock held by the recording
+    worker; the jobs are running until then, so nothing else moves them.
+
+    - The job is gone (evicted once cancelled), or another runner holds it
+      (its token is not this runner's): it is lost here and leaves, with no
+      hook: the job is the other's to report.
+    - This runner holds it still: the store's targets are the truth. A
+      commit whose answer was lost stored this very outcome (it was
+      refused as "not pending"): its ``target`` hook is called now, once,
+      as its commit had succeeded. The job goes on from its first pending
+      target; if the store has it terminal, it leaves as the store says
+      (``cancelled``: the cancel reported it; ended by that lost commit:
+      its ``job`` hooks are called now, once).
+
+    A store that cannot be read is asked again with backoff, as the commit
+    is; once the runner is closing, the jobs leave as lost instead (their
+    leases are released as the runner retires, so the next runner finds
+    them as the store has them).
+    """
+    delay = BACKOFF_FIRST
+    trouble = s.trouble("reading the jobs of refused outcomes")
+    while True:
+        try:
+            with unlocked(s.lock):
+                seen = s.store.job_leases([job.id for job, _, _ in refused])
+            trouble.ok()
+            break
+        except Exception:  # whatever the store or its driver raises: no worker dies of it
+            if s.closed:
+                log.exception(
+                    "runner closing: cannot learn who holds %d job(s) whose outcome the store"
+                    " refused; they leave this runner",
+                    len(refused),
+                )
+                for job, _, _ in refused:
+                    job.lost = True
+                    s.settle(job)
+                return
+            trouble.failed(
+                "cannot learn who holds %d job(s) whose outcome the store refused;"
+                " trying again in %.2gs",
+                len(refused),
+                delay,
+            )
+            s.wait(s.done, delay)
+            delay = min(2 * delay, BACKOFF_MAX)
+    for job, outcome, why in refused:
+        _resync_one(s, job, outcome, why, seen.get(job.id))
+
+
+def _resync_one(
+    s: State[C],
+    job: LiveJob[C],
+    outcome: Outcome,
+    why: store.StoreError,
+    seen: tuple[store.JobRow, str | None, int] | None,
+) -> None:
+    """Move ``job``, whose ``outcome`` the store refused (``why``), to what
+    the store has of it (``seen``, None if it is gone): see :func:`_resync`."""
+    if seen is None:
+        log.warning("target %d of job %s not stored: %s; the job is gone", job.next, job.id, why)
+        job.lost = True
+        s.settle(job)
+        return
+    row, owner, token = seen
+    live = row.status in LIVE_JOB
+    # Held by this runner with this lease; a terminal job's lease may be
+    # released already (by the commit that ended it, or by a beat once it
+    # was cancelled), and it keeps its last token.
+    if token != job.lease.token or not (owner == s.id or (owner is None and not live)):
+        log.warning(
+            "target %d of job %s not stored: %s; runner %s holds it (token %d)",
+            job.next,
+            job.id,
+            why,
+            owner,
+            token,
+        )
+        job.lost = True
+        s.settle(job)
+        return
+    pending = next((t.pos for t in row.targets if t.status == "pending"), len(row.targets))
+    if pending == job.next + 1:
+        # This outcome was stored by a try whose answer was lost.
+        log.info("job %s: target %d was stored by a commit reported failed", job.id, job.next)
+        s.stored(outcome.err, outcome.seconds, outcome.nbytes)
+    elif pending != job.next:
+        log.error(
+            "job %s: the store has %d target(s) stored where this runner had %d; it goes on"
+            " as the store says",
+            job.id,
+            pending,
+            job.next,
+        )
+    job.next = pending
+    job.done = sum(t.status == "done" for t in row.targets[:pending])
+    job.failed = pending - job.done
+    job.busy_since = None
+    job.retry_at = 0.0
+    if row.status == "cancelled":
+        job.cancelled = True  # the cancel called the job hook
+        job.ctx.cancel("cancelled")
+    elif not live:
+        # Ended by the commit whose answer was lost: reported now, once.
+        s.ended(job.id, job.owner, row.status, s.clock.monotonic() - job.created)
+        job.lost = True  # in case a target is pending all the same: it leaves
+    elif job.finished:
+        # Live with no target pending: no write of this runner leaves a job
+        # so. It leaves; the next beat finds its lease held here with no job
+        # in the rotation, and ends it by its targets.
+        log.error("job %s: every target is stored and the job is still live", job.id)
+        job.lost = True
+    s.settle(job)
 
 
 def take_starting(s: State[C]) -> list[tuple[str, store.Lease | None]]:

@@ -191,6 +191,9 @@ class Runner(Generic[C]):
             if room < len(jobs):
                 held = s.waiting.get(owner)
                 s.waiting[owner] = (caller, len(jobs) - room + (held[1] if held else 0))
+            # Leased to this runner as they are stored: a beat that finds
+            # them held before they join must not take them up.
+            s.adding.update(ids[:room])
         # Stored without the lock (workers go on meanwhile): new jobs are no
         # other thread's business until they join the rotation. If close
         # comes between, they join a closed runner's rotation and stay live
@@ -208,7 +211,11 @@ class Runner(Generic[C]):
                 names=names,
             )
         except BaseException:
+            # The jobs may be stored all the same (the answer to the commit
+            # was lost): then the next beat finds them leased to this runner
+            # and not in its rotation, and takes them up (keeper._take_up).
             with s.lock:
+                s.adding.difference_update(ids[:room])
                 s.reserved -= room if bounded else 0
                 if room < len(jobs):
                     s.unwait(owner, len(jobs) - room)
@@ -217,6 +224,7 @@ class Runner(Generic[C]):
             started = s.clock.monotonic()
             lease = store.Lease(s.id, 1)
             with s.lock:
+                s.adding.difference_update(ids[:room])
                 s.reserved -= room if bounded else 0
                 s.add(
                     [
@@ -288,13 +296,21 @@ class Runner(Generic[C]):
             job_id = _stored_id(job_id)
         except JobNotFound:
             return False
+        # The store is written without the runner's lock: the workers go on
+        # while it waits for the store. Between the write and the lock, an
+        # outcome of the job may commit: the store keeps the job cancelled
+        # and says so (Stored.cancelled), and the job leaves once halted; or
+        # that outcome ended the job first, and the store finds nothing
+        # live to cancel. Either way: one terminal status, one job hook. A
+        # target of the job may start in between too, as on a runner of
+        # another process until it learns: it is stored, and the job stays
+        # cancelled. None starts here once this returns. A beat under way
+        # may have taken the job: it halts it as it adopts it.
+        if not s.store.cancel_job(job_id, owner):
+            return False  # unknown, another caller's, or ended already
         with s.lock:
-            if not s.store.cancel_job(job_id, owner):
-                return False  # unknown, another caller's, or ended already
             s.ended(job_id, owner, "cancelled", None)
-            job = s.rotation.get(job_id)
-            if job is not None:
-                s.halt(job)
+            s.cancelled(job_id)
         # This runner may hold a stale copy of a job another has taken
         # since: every runner of this process that holds it is told.
         for other in list(_OPEN):

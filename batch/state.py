@@ -20,6 +20,7 @@ from .hooks import Hooks, call_hook
 from .idle import Idle, ThreadSleeper
 from .model import Config
 from .rotation import LiveJob, Rotation
+from .trouble import Trouble
 
 __all__ = ["Counts", "State"]
 
@@ -42,10 +43,17 @@ class Counts:
 class State(Generic[C]):
     """What a runner's threads share.
 
-    ``lock`` guards every field below but the first group, the store writes
-    that record them and the hook calls that report them (so that hooks see
-    changes in order). It is never held while a fetch runs, nor while the
-    group commit or the keeper writes to the store.
+    ``lock`` guards every field below but the first group, and the hook
+    calls that report them (so that hooks see changes in order).
+
+    The hooks are the only code that runs with the lock held but the
+    runner's own. No store call is made under it: ``commit.unlocked``
+    releases it for those of the group commit, the keeper and ``wait``;
+    ``submit``, ``status``, ``touch`` and ``cancel`` make theirs before or
+    after they take it. Neither the fetch nor ``Config.resume`` runs under
+    it (the keeper releases it to call ``resume``). So a store that hangs
+    or fails holds up only the thread that called it, and the runner's
+    lock is never waited for while the store's is held.
 
     Conditions share it; each says who waits on it and who notifies:
 
@@ -80,6 +88,15 @@ class State(Generic[C]):
        is recording (``writing``).
     5. No target starts once ``closed`` is set, nor while the monotonic
        clock is past ``valid_until`` (the leases may have lapsed).
+    6. Whatever a store call raises, the thread that made it lives on: the
+       group commit and the keeper catch any ``Exception``, log it once
+       (``trouble``), back off and try again, and memory stays as it was
+       before the call. A job whose outcome the store refused is read
+       back, and leaves only if the store says another runner holds it,
+       it is gone, or it ended (``commit``); a live job the store leases to
+       this runner that is not in the rotation, nor about to join it
+       (``adding``), is taken up by the next beat that finds it so
+       (``keeper``).
     """
 
     def __init__(
@@ -124,10 +141,17 @@ class State(Generic[C]):
         # Places in the rotation promised (to a submit storing its job, to a
         # beat taking jobs) and not yet filled: Config.max_live counts them.
         self.reserved = 0
-        # While a beat is in the store (None otherwise): jobs cancelled by
-        # another runner of this process meanwhile, which that beat may have
+        # From a beat's store call until the jobs it took are adopted (None
+        # otherwise; the lock is released meanwhile): jobs cancelled through
+        # this runner or another of this process, which that beat may have
         # taken before the cancel and must not start.
         self.cancelled_in_beat: set[str] | None = None
+        # Jobs a submit is storing leased to this runner, to join the
+        # rotation once stored: a beat meanwhile may find them held, and must
+        # not take them up as jobs this runner holds and does not run.
+        self.adding: set[str] = set()
+        # By kind of store call, its failures in a row (see batch.trouble).
+        self.troubles: dict[str, Trouble] = {}
         self.valid_until = clock.monotonic() + config.takeover_after
         self.closed = False
         self.stopping = False  # the workers are joined: the keeper retires
@@ -255,11 +279,24 @@ class State(Generic[C]):
         """Another runner of this process cancelled ``job_id`` in the store:
         if this runner holds it, start nothing more of it."""
         with self.lock:
-            job = self.rotation.get(job_id)
-            if job is not None:
-                self.halt(job)
-            elif self.cancelled_in_beat is not None:
-                self.cancelled_in_beat.add(job_id)
+            self.cancelled(job_id)
+
+    def cancelled(self, job_id: str) -> None:
+        """``job_id`` is cancelled in the store (committed): if this runner
+        holds it, or a beat under way may have taken it, start nothing more
+        of it. Lock held."""
+        job = self.rotation.get(job_id)
+        if job is not None:
+            self.halt(job)
+        elif self.cancelled_in_beat is not None:
+            self.cancelled_in_beat.add(job_id)
+
+    def trouble(self, what: str) -> Trouble:
+        """The failures in a row of the store calls ``what`` (lock held)."""
+        trouble = self.troubles.get(what)
+        if trouble is None:
+            trouble = self.troubles[what] = Trouble(what)
+        return trouble
 
     def wait(self, cond: threading.Condition, timeout: float | None) -> None:
         """Wait on ``cond`` (lock held) by the runner's clock."""
