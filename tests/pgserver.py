@@ -19,8 +19,9 @@ import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
-__all__ = ["Server", "find_bin", "running"]
+__all__ = ["Server", "find_bin", "running", "terminate"]
 
 USER = "postgres"
 #: How many copies of a template are made, and how many dropped, at once
@@ -151,20 +152,45 @@ class Server:
             for sql in statements:
                 admin.execute(sql)
 
-    def restart(self) -> None:
-        """Stop the server at once (closing every connection) and start it again."""
+    def restart(self, mode: str = "immediate") -> None:
+        """Stop the server (closing every connection) and start it again:
+        ``mode`` is pg_ctl's shutdown mode: ``"immediate"`` (at once, as a
+        crash: the start replays the WAL), ``"fast"`` (each session ended,
+        a checkpoint, then down) or ``"smart"``. The server keeps the
+        options it was started with."""
         self._run(
-            "pg_ctl", "-D", str(self.data), "-l", str(self.root / "log"), "-m", "immediate", "-w",
+            "pg_ctl", "-D", str(self.data), "-l", str(self.root / "log"), "-m", mode, "-w",
             "restart",
         )  # fmt: skip
 
-    def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop", check=False)
+    def stop(self, mode: str = "immediate") -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
+
+    def terminate(self, dbname: str) -> int:
+        """End every session connected to ``dbname`` (``pg_terminate_backend``,
+        as an operator or a failing network would), from a session on the
+        maintenance database; how many were ended."""
+        import psycopg  # noqa: PLC0415 (only the PostgreSQL half of the tests needs it)
+
+        with psycopg.connect(self.url(), autocommit=True) as admin:
+            return terminate(admin, dbname)
 
     def log(self) -> str:
         with contextlib.suppress(OSError):
             return (self.root / "log").read_text()
         return ""
+
+
+def terminate(admin: Any, dbname: str) -> int:
+    """``Server.terminate`` on an open autocommit connection ``admin`` (to
+    another database than ``dbname``): for a caller that ends the sessions
+    many times a second, one connection for all."""
+    row = admin.execute(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+        " WHERE datname = %s AND pid <> pg_backend_pid()",
+        (dbname,),
+    ).fetchone()
+    return int(row[0]) if row is not None else 0
 
 
 @contextlib.contextmanager

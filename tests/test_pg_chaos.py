@@ -1,0 +1,816 @@
+"""Faults under load on PostgreSQL, with real processes.
+
+Each test runs a throwaway PostgreSQL server (``tests/pgserver.py``): one of
+its own when the fault restarts it, else a database of its own on a server
+this module shares. Two child processes (``tests/chaos_child.py``) each run
+one ``batch.Runner`` (8 workers, ``takeover_after=2``, ``resume`` for every
+caller) on the store, with jobs of tens to hundreds of targets; the fetch
+waits 20 ms and returns ``{"ref": <its target>, "by": <its process>}``.
+Once the load has run a while, the test makes one fault:
+
+1. ``pg_ctl restart -m fast``;
+2. ``pg_ctl restart -m immediate`` (a crash: the start replays the WAL);
+3. every session on the store's database ended (``pg_terminate_backend``)
+   every 0.5 s for 5 s;
+4. the same every 0.1 s for 10 s;
+5. one runner stopped (SIGSTOP) *inside* a write transaction, for 4.5 s
+   against a 2 s lease, then continued (SIGCONT);
+6. the same, then killed (SIGKILL) instead.
+
+and checks, whatever the fault:
+
+- every job ends ``done``; every target is stored, once, with the result of
+  its own fetch (the result names its ref, and each job's targets are the
+  refs it was submitted with, in order); each runner reported stored
+  (``Hooks.target``) as many targets as the store holds of its fetches;
+- no thread of a runner died: the threads a child had at the start are all
+  alive at the end, ``statistics().workers`` is 8, nothing reached
+  ``threading.excepthook``, and no public call the child made during the
+  fault (``Runner.status``, ``Store.get_job``, ``Runner.statistics`` five
+  times a second; ``Runner.wait`` of every job at the end) raised or hung;
+- the rate (targets stored per second, from the times the children's
+  ``Hooks.target`` saw) in the ``POST`` seconds after the fault is at least
+  half the rate in the ``PRE`` seconds before it.
+
+and for the stopped runner (5, 6): the other runner kept storing while it
+was stopped (at least half its own rate before), and took the stopped
+runner's live jobs before it was continued or killed.
+
+A test gathers every violation before it fails, and says each along with a
+digest of both children's logs (their stderr: the ``batch`` and ``store``
+loggers) and where the logs are, so one run shows all that went wrong.
+
+The load is sized from the rate measured just before the fault (the
+children submit more jobs then), so that it lasts through the fault and the
+``POST`` window on any machine, and ends soon after.
+
+``tests/chaos_loop.sh SCENARIO N`` runs one of these N times in a row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import store
+import store.postgres
+from tests import pgserver
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals, pg_ctl"),
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = Path(__file__).with_name("chaos_child.py")
+
+#: Each runner's workers, and the seconds each fetch takes: a runner stores
+#: at most WORKERS / DELAY targets a second.
+WORKERS = 8
+DELAY = 0.02
+#: ``Config.takeover_after``: the lease's length.
+LEASE = 2.0
+#: Seconds of storing before the window that measures the rate before the fault.
+WARM = 0.5
+#: The windows (seconds) whose rates are compared: before the fault, after it.
+PRE = 2.0
+POST = 2.5
+#: The rate after the fault must be at least this share of the rate before.
+KEEPS = 0.5
+#: Seconds of load left, at the measured rate, once the POST window ends.
+TAIL = 1.0
+#: Each runner's jobs: a few small ones (tens of targets), and BIG ones of a
+#: size set by the rate, enough of them to keep every worker busy.
+SMALL = 4
+BIG = 12
+#: How long the stopped runner stays stopped (5, 6): past its lease.
+HOLD = 4.5
+#: How long the jobs may go without a target stored before the test gives
+#: up waiting for them to end.
+STUCK = 3 * LEASE + 5.0
+#: Seconds between two rounds of the children's public calls (the prober).
+PROBE_EVERY = 0.2
+#: Waits for a child's answers and for the server.
+TIMEOUT = 15.0
+
+
+# -- the server -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bindir() -> Path:
+    """PostgreSQL's programs; the tests are skipped without them (failed if CI is set)."""
+    found = pgserver.find_bin()
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI is set, and no PostgreSQL server can be found or installed")
+        pytest.skip("no PostgreSQL server here")
+    return found
+
+
+@pytest.fixture(scope="module")
+def shared(bindir: Path) -> Iterator[pgserver.Server]:
+    """A server for the tests whose fault leaves it running (each test has a
+    database of its own on it)."""
+    with pgserver.running(bindir) as server:
+        yield server
+
+
+_databases = iter(range(1, 1 << 30))
+
+
+@contextlib.contextmanager
+def database(server: pgserver.Server) -> Iterator[tuple[str, str]]:
+    """A new database on ``server``, the store set up in it: its name and URL."""
+    name = f"chaos{next(_databases)}"
+    with server.database(name) as url:
+        store.open(url).close()
+        yield name, url
+
+
+def rows(url: str, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+    """The rows of one statement, on a connection of its own (the test's
+    reads never wait for a writer)."""
+    with psycopg.connect(url, autocommit=True, application_name="chaos-test") as conn:
+        cur = conn.execute(sql, args)
+        return cur.fetchall() if cur.description is not None else []
+
+
+def holds_write_lock(url: str) -> bool | None:
+    """Whether some session holds the advisory lock today's writers take
+    (None if this version of the store has no such lock)."""
+    key = getattr(store.postgres, "LOCK_KEY", None)
+    if key is None:
+        return None
+    with psycopg.connect(url, autocommit=True, application_name="chaos-test") as conn:
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+        taken = bool(row and row[0])
+        if taken:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+    return not taken
+
+
+def sessions(url: str, dbname: str) -> str:
+    """The store's sessions now, for the report: how many in each state,
+    how many wait on a lock, and the locks held by sessions idle in a
+    transaction."""
+    states = rows(
+        url,
+        "SELECT coalesce(state, '?'), coalesce(wait_event_type, '-'), count(*)"
+        " FROM pg_stat_activity WHERE datname = %s AND application_name <> 'chaos-test'"
+        " GROUP BY 1, 2 ORDER BY 1, 2",
+        (dbname,),
+    )
+    held = rows(
+        url,
+        "SELECT l.locktype, l.mode, count(*) FROM pg_locks l"
+        " JOIN pg_stat_activity a ON a.pid = l.pid"
+        " WHERE a.datname = %s AND a.state = 'idle in transaction' AND l.granted"
+        " GROUP BY 1, 2 ORDER BY 1, 2",
+        (dbname,),
+    )
+    return (
+        "sessions "
+        + ", ".join(f"{n} {state}/{wait}" for state, wait, n in states)
+        + "; locks held by sessions idle in a transaction: "
+        + (", ".join(f"{n} {kind} {mode}" for kind, mode, n in held) or "none")
+    )
+
+
+# -- the children -----------------------------------------------------------------
+
+
+class Kid:
+    """One child process running one runner on the store (``chaos_child.py``)."""
+
+    def __init__(self, root: Path, url: str, name: str, sizes: list[int]) -> None:
+        self.name = name
+        self.root = root
+        self.err = root / f"{name}.err"
+        self.stored_path = root / f"{name}.stored"
+        self.stored_path.touch()
+        cfg = {
+            "url": url,
+            "name": name,
+            "dir": str(root),
+            "workers": WORKERS,
+            "takeover_after": LEASE,
+            "delay": DELAY,
+            "probe_every": PROBE_EVERY,
+            "sizes": sizes,
+        }
+        self._err = self.err.open("wb")
+        self._buf = b""
+        self._inbox: list[dict[str, Any]] = []
+        self._offset = 0
+        self._partial = b""
+        self.times: list[float] = []  # of the targets it stored, in order
+        self.errors: list[str] = []  # Hooks.target called with an error
+        self.jobs: dict[str, int] = {}  # job id -> size, in submit order
+        self.runner_id = ""
+        self.pid = 0
+        self.report: dict[str, Any] | None = None
+        self.proc = subprocess.Popen(
+            [sys.executable, str(CHILD), json.dumps(cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        self._sizes = list(sizes)
+
+    def ready(self) -> None:
+        hello = self.read("ready", TIMEOUT * 2)
+        self.runner_id, self.pid = hello["ready"], hello["pid"]
+        self.jobs.update(zip(hello["ids"], self._sizes, strict=True))
+
+    def submit(self, sizes: list[int]) -> None:
+        self.send("submit " + " ".join(map(str, sizes)))
+        ids = self.read("submitted")["submitted"]
+        self.jobs.update(zip(ids, sizes, strict=False))
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def read(self, key: str, timeout: float = TIMEOUT) -> dict[str, Any]:
+        """The next message of the child that carries ``key``."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, msg in enumerate(self._inbox):
+                if key in msg:
+                    return self._inbox.pop(i)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{self.name} never said {key!r}:\n{self.tail()}")
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise AssertionError(f"{self.name} exited before saying {key!r}:\n{self.tail()}")
+            self._buf += chunk
+            *lines, self._buf = self._buf.split(b"\n")
+            self._inbox += [json.loads(line) for line in lines if line.strip()]
+
+    def stored(self) -> list[float]:
+        """The times of the targets it stored so far (read on from the last call)."""
+        with self.stored_path.open("rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        self._offset += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        for line in lines:
+            t, how = line.decode().split()
+            if how == "ok":
+                self.times.append(float(t))
+            else:
+                self.errors.append(how)
+        return self.times
+
+    def rate(self, t0: float, t1: float) -> float:
+        """Targets it stored a second between ``t0`` and ``t1``."""
+        times = self.stored()
+        return sum(t0 <= t < t1 for t in times) / (t1 - t0)
+
+    def finish(self, wait: float = 5.0) -> None:
+        """Wait for its jobs, close its runner and let it exit; its report."""
+        self.send(f"finish {wait}")
+        self.report = self.read("finished", wait + 45)["finished"]
+        self.proc.wait(TIMEOUT)
+
+    def stopped(self) -> bool:
+        """Whether every thread of it is stopped."""
+        try:
+            return all(
+                (task / "stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt"
+                for task in Path(f"/proc/{self.pid}/task").iterdir()
+            )
+        except OSError:
+            return False
+
+    def tail(self, chars: int = 3000) -> str:
+        self._err.flush()
+        return self.err.read_text(encoding="utf-8", errors="replace")[-chars:]
+
+    def digest(self) -> str:
+        """Its log, in short: each kind of line (numbers and ids blotted out)
+        with its count, most frequent first; then its last lines."""
+        self._err.flush()
+        text = self.err.read_text(encoding="utf-8", errors="replace")
+        kinds: Counter[str] = Counter()
+        for line in text.splitlines():
+            m = re.match(r"\d+\.\d+ (\S+) (\w+) (\S+): (.*)", line)
+            if m is None:
+                continue
+            thread, level, logger, message = m.groups()
+            thread = re.sub(r"\d+", "N", thread)
+            message = re.sub(r"[0-9a-f]{32}", "<id>", message)
+            message = re.sub(r"\d+(\.\d+)?", "N", message)[:160]
+            kinds[f"{level} {thread} {logger}: {message}"] += 1
+        lines = [f"  {n:5d}x {kind}" for kind, n in kinds.most_common(12)]
+        return (
+            f"--- {self.name} ({self.err}): {len(text.splitlines())} log lines\n"
+            + ("\n".join(lines) or "  (nothing logged)")
+            + f"\n--- its last lines:\n{text[-2500:]}"
+        )
+
+    def reap(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(TIMEOUT)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        self._err.close()
+
+
+@dataclass
+class Load:
+    """The two runners of a test, and what the test found wrong so far."""
+
+    url: str
+    dbname: str
+    root: Path
+    kids: dict[str, Kid]
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def problem(self, text: str) -> None:
+        self.problems.append(text)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def rate(self, t0: float, t1: float, names: str = "ab") -> float:
+        return sum(self.kids[n].rate(t0, t1) for n in names)
+
+
+def small_and_big(rng: random.Random, big: int) -> list[int]:
+    sizes = [rng.randint(20, 60) for _ in range(SMALL)] + [
+        rng.randint(big * 4 // 5, big * 6 // 5) for _ in range(BIG)
+    ]
+    rng.shuffle(sizes)
+    return sizes
+
+
+@contextlib.contextmanager
+def load(tmp_path: Path, url: str, dbname: str) -> Iterator[Load]:
+    """Two runners in processes of their own, storing, for the block; each
+    is killed (if still running) and reaped when the block ends."""
+    rng = random.Random(f"{tmp_path.name}")
+    # Enough for WARM + PRE at the most a runner can store, and more.
+    big = math.ceil(WORKERS / DELAY * (WARM + PRE) * 1.5 / BIG)
+    kids: dict[str, Kid] = {}
+    try:
+        for name in ("a", "b"):
+            kids[name] = Kid(tmp_path, url, name, small_and_big(rng, big))
+        for kid in kids.values():
+            kid.ready()
+        yield Load(url, dbname, tmp_path, kids)
+    finally:
+        for kid in kids.values():
+            kid.reap()
+        keep = os.environ.get("CHAOS_LOGS")
+        if keep:
+            # pytest keeps the last three runs' tmp_path only: the loop of
+            # tests/chaos_loop.sh keeps each run's logs here.
+            shutil.copytree(tmp_path, Path(keep) / tmp_path.name, dirs_exist_ok=True)
+
+
+def eventually(pred: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
+    """Whether ``pred()`` holds within ``timeout`` seconds, asked every
+    ``every`` seconds: for what no one can notify the test of (a file
+    another process writes, the database)."""
+    deadline = time.monotonic() + timeout
+    idle = threading.Event()
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        idle.wait(every)
+    return True
+
+
+def stored_past(ld: Load, t: float, names: str = "ab", timeout: float = TIMEOUT) -> bool:
+    """Wait until each runner named has stored a target after time ``t``
+    (so a window ending at ``t`` is complete); whether they did in time."""
+    return eventually(
+        lambda: all(ld.kids[n].stored()[-1:] >= [t] for n in names),
+        timeout + max(0.0, t - time.time()),
+    )
+
+
+def warm_up(ld: Load) -> None:
+    """Wait until both runners have stored for WARM + PRE seconds."""
+    assert eventually(lambda: all(k.stored() for k in ld.kids.values()), TIMEOUT), (
+        "a runner stored nothing:\n" + "\n".join(k.digest() for k in ld.kids.values())
+    )
+    first = min(k.stored()[0] for k in ld.kids.values())
+    assert stored_past(ld, first + WARM + PRE), (
+        "the runners stopped storing before the fault:\n"
+        + "\n".join(k.digest() for k in ld.kids.values())
+    )
+
+
+def top_up(ld: Load, seconds: float, names: str = "ab") -> None:
+    """Give the runners named enough jobs for ``seconds`` more (then POST,
+    then TAIL) at the rate each stored in the last PRE seconds."""
+    now = time.time()
+    for n in names:
+        kid = ld.kids[n]
+        rate = kid.rate(now - PRE, now)
+        left = sum(kid.jobs.values()) - len(kid.stored())
+        more = rate * (seconds + POST + TAIL) - left
+        if more > 0:
+            kid.submit([max(10, math.ceil(more / BIG))] * BIG)
+
+
+def wait_for_the_end(ld: Load) -> bool:
+    """Wait until no job is live, as long as targets keep being stored;
+    whether they all ended."""
+    last = [-1, time.monotonic()]
+
+    def ended() -> bool:
+        ((live, done),) = rows(
+            ld.url,
+            "SELECT (SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')),"
+            " (SELECT count(*) FROM targets WHERE status <> 'pending')",
+        )
+        if done != last[0]:
+            last[:] = [done, time.monotonic()]
+        return live == 0 or time.monotonic() - last[1] > STUCK
+
+    assert eventually(ended, 120, every=0.1)  # ends sooner, once nothing moves
+    ((live,),) = rows(ld.url, "SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')")
+    if live:
+        stuck = rows(
+            ld.url,
+            "SELECT j.owner, j.status, j.lease_owner IS NOT NULL, j.lease_token,"
+            " count(*) FILTER (WHERE t.status = 'pending'), count(*)"
+            " FROM jobs j JOIN targets t ON t.job_id = j.id"
+            " WHERE j.status IN ('queued', 'running')"
+            " GROUP BY j.seq ORDER BY 1, 2",
+        )
+        ld.problem(
+            f"{live} job(s) never ended (no target stored for {STUCK:.0f} s): "
+            + "; ".join(
+                f"{owner}'s {status} (leased: {leased}, token {token}, {p}/{n} pending)"
+                for owner, status, leased, token, p, n in stuck[:10]
+            )
+        )
+    return not live
+
+
+def finish(ld: Load) -> None:
+    """Let every child still running finish (wait, close, report)."""
+    for kid in ld.kids.values():
+        if kid.proc.poll() is not None:
+            continue
+        try:
+            kid.finish()
+        except AssertionError as e:
+            ld.problem(f"{kid.name} did not finish: {str(e)[:400]}")
+
+
+# -- what every scenario checks -----------------------------------------------------
+
+
+def check_store(ld: Load) -> None:
+    """Every job done, every target stored once with the result of its own
+    fetch, each reported stored exactly once."""
+    submitted = {
+        i: (kid.name, k, size)
+        for kid in ld.kids.values()
+        for k, (i, size) in enumerate(kid.jobs.items())
+    }
+    check_jobs(ld, submitted)
+    by = check_targets(ld, submitted)
+    total = sum(size for _, _, size in submitted.values())
+    reported = {kid.name: len(kid.stored()) for kid in ld.kids.values()}
+    if reported != {n: by.get(n, 0) for n in reported}:
+        ld.problem(
+            f"the runners reported {reported} targets stored (by Hooks.target), and the"
+            f" store holds {dict(by)} of their fetches: an outcome stored but reported"
+            " lost, or reported twice"
+        )
+    errors = {kid.name: Counter(kid.errors) for kid in ld.kids.values() if kid.errors}
+    if errors:
+        ld.problem(f"targets stored with an error (Hooks.target): {errors}")
+    ld.note(f"{len(submitted)} jobs, {total} targets")
+
+
+def check_jobs(ld: Load, submitted: dict[str, tuple[str, int, int]]) -> None:
+    """The jobs submitted are in the store, done; and a note of how many
+    changed runner."""
+    jobs = {
+        i: (status, token)
+        for i, status, token in rows(ld.url, "SELECT id, status, lease_token FROM jobs")
+    }
+    missing = sorted(set(submitted) - set(jobs))
+    if missing:
+        ld.problem(f"{len(missing)} submitted job(s) missing from the store: {missing[:5]}")
+    foreign = sorted(set(jobs) - set(submitted))
+    if foreign:
+        ld.problem(f"{len(foreign)} job(s) in the store that no child submitted: {foreign[:5]}")
+    statuses = Counter(status for status, _ in jobs.values())
+    if set(statuses) - {"done"}:
+        ld.problem(f"jobs not done: {dict(statuses)}")
+    ld.note(f"jobs that changed runner: {sum(token > 1 for _, token in jobs.values())}")
+
+
+def check_targets(ld: Load, submitted: dict[str, tuple[str, int, int]]) -> Counter[str]:
+    """Each job's targets are its refs, in order, each done with the result
+    of a fetch of its own ref; how many each runner fetched, of those stored."""
+    targets: dict[str, list[tuple[int, str, str, str | None, str | None]]] = {}
+    for job_id, pos, ref, status, result, error in rows(
+        ld.url, "SELECT job_id, pos, ref, status, result, error FROM targets ORDER BY job_id, pos"
+    ):
+        targets.setdefault(job_id, []).append((pos, ref, status, result, error))
+    wrong: list[str] = []
+    not_done: Counter[str] = Counter()
+    by: Counter[str] = Counter()
+    for job_id, (name, k, size) in submitted.items():
+        got = targets.get(job_id, [])
+        refs = [ref for _, ref, *_ in got]
+        expected = [f"{name}.{k}.{i}" for i in range(size)]
+        if refs != expected or [pos for pos, *_ in got] != list(range(size)):
+            wrong.append(f"job {job_id} ({name}.{k}): {len(refs)} targets, not its {size} refs")
+            continue
+        for _, ref, status, result, error in got:
+            value = None if result is None else json.loads(result)
+            if status != "done":
+                not_done[f"{status} ({error})"] += 1
+            elif not (
+                isinstance(value, dict) and value.get("ref") == ref and value.get("by") in ld.kids
+            ):
+                wrong.append(f"target {ref} stored with the result {result!r}")
+            else:
+                by[value["by"]] += 1
+    if not_done:
+        ld.problem(f"targets not done: {dict(not_done)}")
+    if wrong:
+        ld.problem(f"{len(wrong)} wrong target(s): " + "; ".join(wrong[:5]))
+    return by
+
+
+def check_children(ld: Load) -> None:
+    """No thread of a runner died, no public call raised or hung, every
+    job waited for ended done."""
+    for kid in ld.kids.values():
+        report = kid.report
+        if report is None:
+            continue
+        name = kid.name
+        lost = sorted(set(report["threads_at_start"]) - set(report["threads_at_end"]))
+        if lost:
+            ld.problem(f"{name}: threads gone by the end: {lost}")
+        if report["died"]:
+            ld.problem(
+                f"{name}: {len(report['died'])} thread(s) ended by an exception: "
+                + "; ".join(f"{d['thread']}: {d['error']}" for d in report["died"][:3])
+                + "\n"
+                + report["died"][0]["traceback"][-1500:]
+            )
+        if report["statistics"]["workers"] != WORKERS:
+            ld.problem(f"{name}: statistics().workers is {report['statistics']['workers']}")
+        if report["api_errors"]:
+            calls = Counter(f"{e['call']}: {e['error'][:200]}" for e in report["api_errors"])
+            ld.problem(f"{name}: public calls raised: {dict(calls.most_common(5))}")
+        if report["prober_alive"]:
+            ld.problem(f"{name}: a public call (status/get_job/statistics) hung 15 s at the end")
+        if report["close_error"]:
+            ld.problem(f"{name}: close raised {report['close_error']}")
+        # An exception (a TimeoutError: the job did not end) by its type.
+        ended = Counter(status.split("(")[0] for status in report["ended"].values())
+        if set(ended) - {"done"}:
+            ld.problem(f"{name}: Runner.wait of its jobs: {dict(ended)}")
+        ld.note(
+            f"{name}: {report['fetches']} fetches of {report['distinct_fetched']} targets,"
+            f" {report['probes']} probes"
+        )
+
+
+def check_rates(ld: Load, fault: float, back: float, names: str = "ab") -> None:
+    """The rate in the POST seconds from ``back`` is at least KEEPS of the
+    rate in the PRE seconds before ``fault``."""
+    who = "+".join(names)
+    if not stored_past(ld, back + POST, names):
+        idle = [n for n in names if ld.kids[n].stored()[-1:] < [back + POST]]
+        ld.problem(
+            f"{' and '.join(idle)} stored nothing from the end of the {POST} s after the fault"
+            f" to {TIMEOUT:.0f} s later"
+        )
+    resumed = {}
+    for n in names:
+        first = next((t for t in ld.kids[n].stored() if t > back), None)
+        resumed[n] = "never" if first is None else f"{first - back:.2f} s"
+    ld.note(f"first target stored once the fault ended, after: {resumed}")
+    before = ld.rate(fault - PRE, fault, names)
+    after = ld.rate(back, back + POST, names)
+    during = ld.rate(fault, back, names) if back > fault else float("nan")
+    ld.note(
+        f"rate of {who}: {before:.0f}/s before, {during:.0f}/s during ({back - fault:.2f} s),"
+        f" {after:.0f}/s after"
+    )
+    if after < KEEPS * before:
+        ld.problem(
+            f"the rate of {who} in the {POST} s after the fault is {after:.0f}/s, under"
+            f" {KEEPS:.0%} of the {before:.0f}/s before it"
+        )
+
+
+def verdict(ld: Load) -> None:
+    ld.note(f"logs in {ld.root}")
+    summary = " | ".join(ld.notes)
+    # Each line its own (pytest -q writes its dots on the line before).
+    print(f"\nchaos: {'FAIL' if ld.problems else 'ok'}: {summary}")
+    for p in ld.problems:
+        print(f"chaos: problem: {p.splitlines()[0][:300]}")
+    assert not ld.problems, (
+        f"{len(ld.problems)} problem(s):\n"
+        + "\n".join(f"- {p}" for p in ld.problems)
+        + f"\n{summary}\n"
+        + "\n".join(kid.digest() for kid in ld.kids.values())
+    )
+
+
+def the_end(ld: Load) -> None:
+    wait_for_the_end(ld)
+    finish(ld)
+    check_store(ld)
+    check_children(ld)
+    verdict(ld)
+
+
+# -- 1, 2. the server restarts ----------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_a_server_restart_under_load(tmp_path: Path, bindir: Path, mode: str) -> None:
+    """``pg_ctl restart -m fast`` or ``-m immediate`` while two runners
+    store: every connection of theirs is dropped, the server is away for a
+    moment; nothing is lost, nothing is stored twice, no thread dies, and
+    the rate is back once the server is."""
+    with (
+        pgserver.running(bindir) as server,
+        database(server) as (dbname, url),
+        load(tmp_path, url, dbname) as ld,
+    ):
+        warm_up(ld)
+        top_up(ld, 1.0)
+        fault = time.time()
+        server.restart(mode)
+        back = time.time()
+        ld.note(f"restart -m {mode} took {back - fault:.2f} s")
+        check_rates(ld, fault, back)
+        the_end(ld)
+
+
+# -- 3, 4. every session of the store ended, again and again ------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    ("every", "lasting"), [(0.5, 5.0), (0.1, 10.0)], ids=["every-0.5s-for-5s", "every-0.1s-for-10s"]
+)
+def test_sessions_terminated_under_load(
+    tmp_path: Path, shared: pgserver.Server, every: float, lasting: float
+) -> None:
+    """Every session on the store's database (the pool's, ``batch-store``,
+    and the listener's, whatever their application_name) is ended with
+    ``pg_terminate_backend`` every ``every`` seconds for ``lasting``
+    seconds, while two runners store."""
+    with database(shared) as (dbname, url), load(tmp_path, url, dbname) as ld:
+        warm_up(ld)
+        top_up(ld, lasting)
+        with psycopg.connect(
+            shared.url(), autocommit=True, application_name="chaos-killer"
+        ) as admin:
+            fault = time.time()
+            ended = []
+            idle = threading.Event()
+            for k in range(round(lasting / every) + 1):
+                due = max(0.0, fault + k * every - time.time())
+                idle.wait(due)  # allow-sleep: the fault's schedule
+                ended.append(pgserver.terminate(admin, dbname))
+            back = time.time()
+        ld.note(f"{sum(ended)} sessions ended in {len(ended)} rounds over {back - fault:.1f} s")
+        if not sum(ended):
+            ld.problem("no session was ever ended: the fault did not happen")
+        check_rates(ld, fault, back)
+        the_end(ld)
+
+
+# -- 5, 6. a runner stopped inside a write transaction, past its lease --------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("then", ["SIGCONT", "SIGKILL"])
+def test_a_runner_stopped_inside_a_write(
+    tmp_path: Path, shared: pgserver.Server, then: str
+) -> None:
+    """Runner B stops itself (SIGSTOP, every thread) right after the first
+    statement of a write transaction that stores outcomes (see ``arm`` in
+    ``chaos_child.py``): its session stays open in that transaction,
+    holding what the statement took (at commit 96e204d: the advisory lock
+    every writer takes; row locks on the jobs it stores, where writers lock
+    rows). It stays stopped HOLD seconds, past its lease (LEASE), then is
+    continued or killed. Meanwhile A must go on storing (at least KEEPS of
+    its rate before), and take every live job of B that B's open
+    transaction does not hold before B is continued or killed; afterwards
+    every job ends done (those B held too) and A's rate is back."""
+    with database(shared) as (dbname, url), load(tmp_path, url, dbname) as ld:
+        a, b = ld.kids["a"], ld.kids["b"]
+        warm_up(ld)
+        # A alone goes on: it gets enough for the stop and after; B's jobs,
+        # once A takes them, are more for A.
+        top_up(ld, HOLD, names="a")
+        b.send("arm")
+        stopping = b.read("stopping")
+        fault = stopping["stopping"]
+        assert eventually(b.stopped, TIMEOUT, every=0.005), f"b never stopped:\n{b.tail()}"
+        try:
+            lock = holds_write_lock(url)
+            ld.note(
+                f"b stopped in a write storing {stopping['outcomes']} outcome(s) (the advisory"
+                f" write lock held: {lock}); {sessions(url, dbname)}"
+            )
+
+            # b's live jobs, and those of them a has not taken though it could:
+            # a job whose row b's stopped transaction holds stays b's until
+            # that session ends (b continued, killed, or ended by the server
+            # as idle in a transaction): nobody can write it meanwhile, so b's
+            # outcomes of it stay valid (docs/durability.md).
+            untaken = [0, 0]
+
+            def taken() -> bool:
+                ((live,),) = rows(
+                    url,
+                    "SELECT count(*) FROM jobs WHERE owner = 'b'"
+                    " AND status IN ('queued', 'running')",
+                )
+                ((left,),) = rows(
+                    url,
+                    "SELECT count(*) FROM (SELECT id FROM jobs WHERE owner = 'b'"
+                    " AND status IN ('queued', 'running') AND lease_owner IS DISTINCT FROM %s"
+                    " FOR KEY SHARE SKIP LOCKED) free",
+                    (a.runner_id,),
+                )
+                untaken[:] = [live, left]
+                return bool(left == 0)
+
+            took = eventually(taken, fault + HOLD - time.time())
+            taken_at = time.time()
+            mid = sessions(url, dbname)
+            idle = threading.Event()
+            idle.wait(max(0.0, fault + HOLD - time.time()))  # allow-sleep: the fault's length
+        finally:
+            b.proc.send_signal(signal.SIGCONT if then == "SIGCONT" else signal.SIGKILL)
+        back = time.time()
+        if then == "SIGKILL":
+            b.proc.wait(TIMEOUT)
+        ld.note(f"b {then} after {back - fault:.2f} s stopped")
+        if took:
+            ld.note(f"a took b's jobs {taken_at - fault:.2f} s after the stop")
+        else:
+            ld.problem(
+                f"a had not taken {untaken[1]} of b's {untaken[0]} live jobs when b was"
+                f" {then}ed, {HOLD} s after b stopped with a {LEASE} s lease; then: {mid}"
+            )
+        during = a.rate(fault, fault + HOLD)
+        before = a.rate(fault - PRE, fault)
+        ld.note(f"a stored {during:.0f}/s while b was stopped, {before:.0f}/s before")
+        if during < KEEPS * before:
+            ld.problem(
+                f"a stored {during:.0f}/s while b was stopped ({HOLD} s), under {KEEPS:.0%} of"
+                f" its {before:.0f}/s before: b's stop stalled a; {mid}"
+            )
+        check_rates(ld, fault, back, names="a")
+        the_end(ld)
