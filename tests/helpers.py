@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
+import select
 import socketserver
 import sqlite3
 import subprocess
@@ -25,6 +27,8 @@ from store.postgres import PostgresDatabase
 from store.sqlite import SQLiteDatabase
 from tests import pgserver
 
+#: This checkout: what child processes import.
+ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 10.0
 
 #: The database each test's PostgreSQL database is copied from (the store's
@@ -53,12 +57,20 @@ def fresh(engine: str, root: Path, server: pgserver.Server | None) -> Iterator[s
 def within(seconds: float, pred: Callable[[], bool]) -> bool:
     """Whether ``pred()`` holds within ``seconds``: for promises made in
     seconds ("the store shows it within 0.1 s"), asked every millisecond."""
-    deadline = time.monotonic() + seconds
+    return eventually(pred, seconds, every=0.001)
+
+
+def eventually(pred: Callable[[], bool], timeout: float = TIMEOUT, every: float = 0.01) -> bool:
+    """Whether ``pred()`` holds within ``timeout`` seconds, asked every
+    ``every`` seconds: for what no one can notify the test of (a file
+    another process writes, the database); gentler than :func:`within` on a
+    small machine that also runs child processes."""
+    deadline = time.monotonic() + timeout
     idle = threading.Event()
     while not pred():
         if time.monotonic() > deadline:
             return False
-        idle.wait(0.001)
+        idle.wait(every)
     return True
 
 
@@ -207,6 +219,73 @@ def trace(db: Any, monkeypatch: Any) -> list[str]:
             lambda fn, run=run, **how: run(lambda tx: fn(Traced(tx, seen)), **how),
         )
     return seen
+
+
+class ChildProcess:
+    """A child process of a test, running this checkout's code: it takes
+    commands as lines on its stdin and answers in JSON lines on its stdout
+    (:meth:`read` waits for the next message that carries a key; the others
+    wait in an inbox for their own read), and logs to the file ``err``."""
+
+    def __init__(self, name: str, argv: list[str], err: Path) -> None:
+        self.name = name
+        self.err = err
+        self._err = err.open("wb")
+        self._buf = b""
+        self._inbox: list[dict[str, Any]] = []
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+
+    def stderr(self) -> str:
+        """What it logged so far."""
+        self._err.flush()
+        return self.err.read_text(encoding="utf-8", errors="replace")
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def read(self, key: str, timeout: float = TIMEOUT) -> dict[str, Any]:
+        """The next message of the child that carries ``key``."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, msg in enumerate(self._inbox):
+                if key in msg:
+                    return self._inbox.pop(i)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{self.name} never said {key!r}:\n{self.stderr()[-3000:]}")
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise AssertionError(
+                    f"{self.name} exited before saying {key!r}:\n{self.stderr()[-3000:]}"
+                )
+            self._buf += chunk
+            *lines, self._buf = self._buf.split(b"\n")
+            self._inbox += [json.loads(line) for line in lines if line.strip()]
+
+    def reap(self) -> None:
+        """Kill the child if it still runs (stopped or not), reap it and
+        close its pipes."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(TIMEOUT)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        self._err.close()
 
 
 class Clock:

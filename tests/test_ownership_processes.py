@@ -39,9 +39,11 @@ import batch
 import store
 from tests.helpers import (
     TIMEOUT,
+    ChildProcess,
     Raw,
     Recorder,
     Script,
+    eventually,
     hold_write_lock,
     raw,
     within,
@@ -142,7 +144,7 @@ class Fetched:
         return self.ref.rsplit(".", 1)[0]
 
 
-class Child:
+class Child(ChildProcess):
     """One child process running one runner on the shared store file."""
 
     def __init__(
@@ -159,9 +161,7 @@ class Child:
         busy_once: tuple[str, ...] = (),
         announce: bool = False,
     ) -> None:
-        self.name = name
         self.log = tmp_path / f"{name}.log"
-        self.err = tmp_path / f"{name}.err"
         self.log.touch()
         cfg = {
             "path": location,
@@ -175,17 +175,10 @@ class Child:
             "busy_once": list(busy_once),
             "announce": announce,
         }
-        self._err = self.err.open("wb")
-        self._buf = b""
-        self._inbox: list[dict[str, Any]] = []
         self.runner_id = ""
         self.pid = 0
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", CHILD, json.dumps(cfg)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._err,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        super().__init__(
+            name, [sys.executable, "-c", CHILD, json.dumps(cfg)], tmp_path / f"{name}.err"
         )
 
     def ready(self) -> None:
@@ -193,40 +186,10 @@ class Child:
         hello = self.read("runner")
         self.runner_id, self.pid = hello["runner"], hello["pid"]
 
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line.encode() + b"\n")
-        self.proc.stdin.flush()
-
     def ask(self, line: str, key: str, timeout: float = TIMEOUT) -> Any:
         """Send a command and return the ``key`` of its answer."""
         self.send(line)
         return self.read(key, timeout)[key]
-
-    def read(self, key: str, timeout: float = TIMEOUT) -> dict[str, Any]:
-        """The next message of the child that carries ``key`` (others wait
-        in the inbox for their own read)."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while True:
-            for i, msg in enumerate(self._inbox):
-                if key in msg:
-                    return self._inbox.pop(i)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"{self.name} never said {key!r}:\n{self.stderr()[-3000:]}")
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                raise AssertionError(
-                    f"{self.name} exited before saying {key!r}:\n{self.stderr()[-3000:]}"
-                )
-            self._buf += chunk
-            *lines, self._buf = self._buf.split(b"\n")
-            self._inbox += [json.loads(line) for line in lines if line.strip()]
 
     def fetches(self) -> list[Fetched]:
         """Every fetch the child started so far, in order (a line cut short
@@ -238,10 +201,6 @@ class Child:
             out.append(Fetched(who, ref, float(t)))
         return out
 
-    def stderr(self) -> str:
-        self._err.flush()
-        return self.err.read_text(encoding="utf-8", errors="replace")
-
     def send_signal(self, sig: signal.Signals) -> None:
         self.proc.send_signal(sig)
 
@@ -250,18 +209,6 @@ class Child:
         self.send("close")
         self.read("closed")
         assert self.proc.wait(TIMEOUT) == 0, self.stderr()[-3000:]
-
-    def reap(self) -> None:
-        """Kill the child if it still runs (stopped or not), reap it and
-        close its pipes."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(TIMEOUT)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
-        self._err.close()
 
 
 @contextlib.contextmanager
@@ -285,19 +232,6 @@ def family(tmp_path: Path, location: str) -> Iterator[Callable[..., Child]]:
     finally:
         for kid in kids:
             kid.reap()
-
-
-def eventually(pred: Callable[[], bool], timeout: float = TIMEOUT, every: float = 0.01) -> bool:
-    """Whether ``pred()`` holds within ``timeout`` seconds, asked every
-    ``every`` seconds (gentler than ``within`` on a small machine that also
-    runs the children)."""
-    deadline = time.monotonic() + timeout
-    idle = threading.Event()
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        idle.wait(every)
-    return True
 
 
 def hold(seconds: float) -> None:

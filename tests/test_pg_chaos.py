@@ -55,15 +55,13 @@ import math
 import os
 import random
 import re
-import select
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +72,7 @@ import pytest
 import store
 import store.postgres
 from tests import pgserver
+from tests.helpers import ChildProcess, eventually
 
 pytestmark = [
     pytest.mark.slow,
@@ -199,13 +198,11 @@ def sessions(url: str, dbname: str) -> str:
 # -- the children -----------------------------------------------------------------
 
 
-class Kid:
+class Kid(ChildProcess):
     """One child process running one runner on the store (``chaos_child.py``)."""
 
     def __init__(self, root: Path, url: str, name: str, sizes: list[int]) -> None:
-        self.name = name
         self.root = root
-        self.err = root / f"{name}.err"
         self.stored_path = root / f"{name}.stored"
         self.stored_path.touch()
         cfg = {
@@ -218,9 +215,6 @@ class Kid:
             "probe_every": PROBE_EVERY,
             "sizes": sizes,
         }
-        self._err = self.err.open("wb")
-        self._buf = b""
-        self._inbox: list[dict[str, Any]] = []
         self._offset = 0
         self._partial = b""
         self.times: list[float] = []  # of the targets it stored, in order
@@ -229,13 +223,7 @@ class Kid:
         self.runner_id = ""
         self.pid = 0
         self.report: dict[str, Any] | None = None
-        self.proc = subprocess.Popen(
-            [sys.executable, str(CHILD), json.dumps(cfg)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._err,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
+        super().__init__(name, [sys.executable, str(CHILD), json.dumps(cfg)], root / f"{name}.err")
         self._sizes = list(sizes)
 
     def ready(self) -> None:
@@ -247,33 +235,6 @@ class Kid:
         self.send("submit " + " ".join(map(str, sizes)))
         ids = self.read("submitted")["submitted"]
         self.jobs.update(zip(ids, sizes, strict=False))
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line.encode() + b"\n")
-        self.proc.stdin.flush()
-
-    def read(self, key: str, timeout: float = TIMEOUT) -> dict[str, Any]:
-        """The next message of the child that carries ``key``."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while True:
-            for i, msg in enumerate(self._inbox):
-                if key in msg:
-                    return self._inbox.pop(i)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"{self.name} never said {key!r}:\n{self.tail()}")
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                raise AssertionError(f"{self.name} exited before saying {key!r}:\n{self.tail()}")
-            self._buf += chunk
-            *lines, self._buf = self._buf.split(b"\n")
-            self._inbox += [json.loads(line) for line in lines if line.strip()]
 
     def stored(self) -> list[float]:
         """The times of the targets it stored so far (read on from the last call)."""
@@ -312,14 +273,12 @@ class Kid:
             return False
 
     def tail(self, chars: int = 3000) -> str:
-        self._err.flush()
-        return self.err.read_text(encoding="utf-8", errors="replace")[-chars:]
+        return self.stderr()[-chars:]
 
     def digest(self) -> str:
         """Its log, in short: each kind of line (numbers and ids blotted out)
         with its count, most frequent first; then its last lines."""
-        self._err.flush()
-        text = self.err.read_text(encoding="utf-8", errors="replace")
+        text = self.stderr()
         kinds: Counter[str] = Counter()
         for line in text.splitlines():
             m = re.match(r"\d+\.\d+ (\S+) (\w+) (\S+): (.*)", line)
@@ -336,16 +295,6 @@ class Kid:
             + ("\n".join(lines) or "  (nothing logged)")
             + f"\n--- its last lines:\n{text[-2500:]}"
         )
-
-    def reap(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(TIMEOUT)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
-        self._err.close()
 
 
 @dataclass
@@ -401,31 +350,19 @@ def load(tmp_path: Path, url: str, dbname: str) -> Iterator[Load]:
             shutil.copytree(tmp_path, Path(keep) / tmp_path.name, dirs_exist_ok=True)
 
 
-def eventually(pred: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
-    """Whether ``pred()`` holds within ``timeout`` seconds, asked every
-    ``every`` seconds: for what no one can notify the test of (a file
-    another process writes, the database)."""
-    deadline = time.monotonic() + timeout
-    idle = threading.Event()
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        idle.wait(every)
-    return True
-
-
 def stored_past(ld: Load, t: float, names: str = "ab", timeout: float = TIMEOUT) -> bool:
     """Wait until each runner named has stored a target after time ``t``
     (so a window ending at ``t`` is complete); whether they did in time."""
     return eventually(
         lambda: all(ld.kids[n].stored()[-1:] >= [t] for n in names),
         timeout + max(0.0, t - time.time()),
+        every=0.05,
     )
 
 
 def warm_up(ld: Load) -> None:
     """Wait until both runners have stored for WARM + PRE seconds."""
-    assert eventually(lambda: all(k.stored() for k in ld.kids.values()), TIMEOUT), (
+    assert eventually(lambda: all(k.stored() for k in ld.kids.values()), TIMEOUT, every=0.05), (
         "a runner stored nothing:\n" + "\n".join(k.digest() for k in ld.kids.values())
     )
     first = min(k.stored()[0] for k in ld.kids.values())
@@ -786,7 +723,7 @@ def test_a_runner_stopped_inside_a_write(
                 untaken[:] = [live, left]
                 return bool(left == 0)
 
-            took = eventually(taken, fault + HOLD - time.time())
+            took = eventually(taken, fault + HOLD - time.time(), every=0.05)
             taken_at = time.time()
             mid = sessions(url, dbname)
             idle = threading.Event()
