@@ -95,8 +95,11 @@ PRE = 2.0
 POST = 2.5
 #: The rate after the fault must be at least this share of the rate before.
 KEEPS = 0.5
-#: Seconds of load left, at the measured rate, once the POST window ends.
-TAIL = 1.0
+#: Seconds of load left, at the measured rate, once the POST window ends:
+#: enough that the rate can rise by half after the fault (a runner that
+#: lost little to it, on a machine busy with other work before) and the
+#: load still lasts past the window.
+TAIL = 4.0
 #: Each runner's jobs: a few small ones (tens of targets), and BIG ones of a
 #: size set by the rate, enough of them to keep every worker busy.
 SMALL = 4
