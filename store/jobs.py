@@ -247,8 +247,10 @@ def record(
     max_bytes: int | None,
 ) -> Stored:
     """Record a batch: the ``starting`` jobs still ``queued`` become
-    ``running``; each outcome is stored if its job is there, held with its
-    lease and its target pending; the jobs whose outcome carries a
+    ``running``, and so do those of outcomes stored under a lease (a runner
+    ran their first target: a job with a target stored by its runner is
+    never ``queued``); each outcome is stored if its job is there, held with
+    its lease and its target pending; the jobs whose outcome carries a
     ``job_status`` end; then, given ``max_bytes``, terminal jobs are evicted
     past that budget. In this order, so that the budget holds once the
     transaction commits; the jobs just ended were touched last, so they go
@@ -263,18 +265,26 @@ def record(
     _lock(conn, sorted({job_id for job_id, _ in keys}))
     seen, total = _look(conn, keys)
     now = conn.now  # read after the first statement: on PostgreSQL, in its round trip
-    start = [
-        (now, job_id)
+    refused, kept = _decide(outcomes, seen)
+    stored = [outcomes[i] for i in kept.values()]
+    # A job starting becomes running; so does one a runner stores an outcome
+    # of (under its lease): its first target ran, whether or not the write
+    # that says so (the keeper's, say) has landed yet.
+    start = {
+        job_id: None
         for job_id, lease in starting
         if (h := seen.get((job_id, -1))) is not None and h[0] == "queued" and _holds(h, lease)
-    ]
+    }
+    start.update(
+        (o.job_id, None)
+        for o in stored
+        if o.lease is not None and seen[o.job_id, o.pos][0] == "queued"
+    )
     if start:
         conn.executemany(
             "UPDATE jobs SET status = 'running', updated_at = ? WHERE id = ? AND status = 'queued'",
-            start,
+            [(now, job_id) for job_id in start],
         )
-    refused, kept = _decide(outcomes, seen)
-    stored = [outcomes[i] for i in kept.values()]
     if stored:
         conn.executemany(
             "UPDATE targets SET status = ?, result = ?, error = ?, hint = ?"

@@ -539,6 +539,19 @@ def test_touch_moves_job_to_the_back(db: store.Store, clock: Clock) -> None:
     assert db.evict(0) == ["d", "a"]
 
 
+def test_an_outcome_a_runner_stores_makes_its_job_running(db: store.Store) -> None:
+    """A runner's outcome (stored under its lease) of a queued job makes the
+    job running in the same commit, whether or not a write naming it
+    starting has landed: a job with a target stored by its runner is never
+    seen queued."""
+    db.register_runner("r", 30.0)
+    db.create_jobs("alice", [("j", ["a", "b"])], "r", lease_for=30.0)
+    lease = store.Lease("r", 1)
+    stored = db.store_targets([store.TargetOutcome("j", 0, "done", result="1", lease=lease)])
+    assert stored.refused == {}
+    assert job_of(db, "j").status == "running"
+
+
 def test_live_jobs_are_never_evicted(db: store.Store) -> None:
     """Queued and running jobs stay, even when they alone exceed the budget;
     only terminal jobs go, and eviction stops when none is left."""
