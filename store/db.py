@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from .errors import StoreError
 from .schema import VERSION
+
+if TYPE_CHECKING:
+    from .jobs import Lease, Stored, TargetOutcome
 
 __all__ = [
     "CANCELLED",
@@ -73,6 +76,11 @@ class Tx(Protocol):
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any: ...
 
+    def finish(self, sql: str, args: Sequence[Any] = ()) -> Cursor:
+        """Run the transaction's last statement; where the engine can, its
+        COMMIT goes in the same round trip (PostgreSQL). Nothing may follow."""
+        ...
+
     def locking(self, *, skip: bool = False) -> str:
         """The clause that ends a SELECT whose rows this transaction locks
         until it ends, in the order the SELECT returns them (``skip``: it
@@ -112,6 +120,18 @@ class Database(abc.ABC):
         writes under named in its predicates), and it writes the rows that
         every such write updates last. Where the engine has one writer at a
         time (SQLite), every write is serial."""
+
+    @abc.abstractmethod
+    def record_outcomes(
+        self,
+        tx: Tx,
+        outcomes: Sequence[TargetOutcome],
+        starting: Sequence[tuple[str, Lease | None]],
+        max_bytes: int | None,
+    ) -> Stored:
+        """Store a batch of target outcomes in ``tx`` (a fenced write), as
+        its last statements: each engine its fastest way, one meaning for
+        both (``store.outcomes``)."""
 
     @abc.abstractmethod
     def read(self, fn: Callable[[Tx], T]) -> T:

@@ -7,11 +7,12 @@ with its owner: another owner's job looks exactly like a missing one.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .db import Tx, in_list, values
+from .db import Tx
 from .errors import Conflict, NotFound
 from .schema import LIVE_JOB, TERMINAL_JOB, JobStatus, ended_status
 
@@ -22,17 +23,20 @@ __all__ = [
     "Stored",
     "TargetOutcome",
     "TargetRow",
+    "add_bytes",
+    "byte_slot",
     "cancel_job",
     "create_jobs",
     "evict",
+    "evict_past",
     "find_job",
     "find_targets",
     "get_job",
     "interrupt",
     "job_status",
+    "lease_args",
     "list_jobs",
     "load_jobs",
-    "record",
     "set_job_status",
     "total_bytes",
     "touch_job",
@@ -103,7 +107,8 @@ _MOVE_JOB = (
 )
 
 
-def _fence(lease: Lease | None) -> tuple[str | None, int | None]:
+def lease_args(lease: Lease | None) -> tuple[str | None, int | None]:
+    """The owner and token a fenced statement binds: both None for none."""
     return (None, None) if lease is None else (lease.owner, lease.token)
 
 
@@ -217,7 +222,7 @@ def set_job_status(
         sql = _MOVE_JOB
     else:
         raise ValueError(f"unknown job status {status!r}")
-    return conn.execute(sql, (status, now, job_id, *_fence(lease))).rowcount == 1
+    return conn.execute(sql, (status, now, job_id, *lease_args(lease))).rowcount == 1
 
 
 def cancel_job(conn: Tx, job_id: str, owner: str, now: float) -> bool:
@@ -240,186 +245,45 @@ def job_status(conn: Tx, job_id: str, owner: str) -> JobStatus | None:
     return None if row is None else row[0]
 
 
-def record(
-    conn: Tx,
-    outcomes: Sequence[TargetOutcome],
-    starting: Sequence[tuple[str, Lease | None]],
-    max_bytes: int | None,
-) -> Stored:
-    """Record a batch: the ``starting`` jobs still ``queued`` become
-    ``running``, and so do those of outcomes stored under a lease (a runner
-    ran their first target: a job with a target stored by its runner is
-    never ``queued``); each outcome is stored if its job is there, held with
-    its lease and its target pending; the jobs whose outcome carries a
-    ``job_status`` end; then, given ``max_bytes``, terminal jobs are evicted
-    past that budget. In this order, so that the budget holds once the
-    transaction commits; the jobs just ended were touched last, so they go
-    last. An outcome refused does not stop the others.
-
-    One read decides everything, then one statement per kind of write runs
-    over all its rows (``executemany``: a loop in C on SQLite, one round trip
-    on PostgreSQL), so a batch costs a fixed number of calls however many
-    outcomes it holds.
-    """
-    keys = [(o.job_id, o.pos) for o in outcomes] + [(j, -1) for j, _ in starting]
-    _lock(conn, sorted({job_id for job_id, _ in keys}))
-    seen, total = _look(conn, keys)
-    now = conn.now  # read after the first statement: on PostgreSQL, in its round trip
-    refused, kept = _decide(outcomes, seen)
-    stored = [outcomes[i] for i in kept.values()]
-    # A job starting becomes running; so does one a runner stores an outcome
-    # of (under its lease): its first target ran, whether or not the write
-    # that says so (the keeper's, say) has landed yet.
-    start = {
-        job_id: None
-        for job_id, lease in starting
-        if (h := seen.get((job_id, -1))) is not None and h[0] == "queued" and _holds(h, lease)
-    }
-    start.update(
-        (o.job_id, None)
-        for o in stored
-        if o.lease is not None and seen[o.job_id, o.pos][0] == "queued"
-    )
-    if start:
-        conn.executemany(
-            "UPDATE jobs SET status = 'running', updated_at = ? WHERE id = ? AND status = 'queued'",
-            [(now, job_id) for job_id in start],
-        )
-    if stored:
-        conn.executemany(
-            "UPDATE targets SET status = ?, result = ?, error = ?, hint = ?"
-            " WHERE job_id = ? AND pos = ?",
-            [(o.status, o.result, o.error, o.hint, o.job_id, o.pos) for o in stored],
-        )
-    by_job: dict[str, list[int]] = {}  # bytes, done, failed
-    for o in stored:
-        added = by_job.setdefault(o.job_id, [0, 0, 0])
-        added[0] += o.nbytes
-        added[1 if o.status == "done" else 2] += 1
-    if by_job:
-        conn.executemany(
-            "UPDATE jobs SET nbytes = nbytes + ?, ndone = ndone + ?, nfailed = nfailed + ?,"
-            " updated_at = ? WHERE id = ?",
-            [(*added, now, job_id) for job_id, added in by_job.items()],
-        )
-    added_bytes = sum(added[0] for added in by_job.values())
-    ending: dict[str, int] = {}
-    for i in kept.values():
-        o = outcomes[i]
-        if o.job_status is not None and seen[o.job_id, o.pos][0] in LIVE_JOB:
-            ending.setdefault(o.job_id, i)
-    if ending:
-        conn.executemany(
-            "UPDATE jobs SET status = ?, updated_at = ?, touched_at = ?, lease_owner = NULL"
-            " WHERE id = ?",
-            [(outcomes[i].job_status, now, now, job_id) for job_id, i in ending.items()],
-        )
-    evicted, freed = ([], 0) if max_bytes is None else _evict(conn, max_bytes, total + added_bytes)
-    _add_bytes(conn, added_bytes - freed)
-    return Stored(
-        refused,
-        frozenset(ending.values()),
-        evicted,
-        frozenset(i for key, i in kept.items() if seen[key][0] not in LIVE_JOB),
-    )
-
-
-def _lock(conn: Tx, job_ids: Sequence[str]) -> None:
-    """Lock these jobs' rows until the transaction ends, in the order
-    given (every writer locks jobs in id order, so two never wait on each
-    other in a circle): what a fenced write decides on then stays as read.
-    Nothing to do where the engine has one writer at a time."""
-    locking = conn.locking()
-    for start in range(0, len(job_ids) if locking else 0, 500):
-        where, args = in_list("id", job_ids[start : start + 500])
-        conn.execute(f"SELECT id FROM jobs WHERE {where} ORDER BY id{locking}", args)
-
-
-def _add_bytes(conn: Tx, delta: int) -> None:
-    """Add ``delta`` to the bytes stored in all. The row every write of
-    bytes updates: written last, sent with the COMMIT (``executemany`` is
-    not waited for), so that no transaction holds it between round trips."""
-    if delta:
-        conn.executemany("UPDATE job_bytes SET total = total + ?", [(delta,)])
-
-
-def _decide(
-    outcomes: Sequence[TargetOutcome], seen: dict[tuple[str, int], _Seen]
-) -> tuple[dict[int, NotFound | Conflict], dict[tuple[str, int], int]]:
-    """Which outcomes are refused, and why; and, by target, the index of
-    each one to store."""
-    refused: dict[int, NotFound | Conflict] = {}
-    kept: dict[tuple[str, int], int] = {}
-    for i, o in enumerate(outcomes):
-        h = seen[o.job_id, o.pos]
-        if h[0] is None:
-            refused[i] = NotFound(f"no job {o.job_id!r}")
-        elif not _holds(h, o.lease):
-            owner = None if o.lease is None else o.lease.owner
-            refused[i] = Conflict(f"job {o.job_id!r} is no longer leased to runner {owner}")
-        elif h[3] != "pending" or (o.job_id, o.pos) in kept:
-            refused[i] = Conflict(f"target {o.pos} of job {o.job_id!r} is not pending")
-        else:
-            kept[o.job_id, o.pos] = i
-    return refused, kept
-
-
-#: What :func:`record` reads of one target: its job's status, lease owner
-#: and token (all None if the job is gone), and its own status (None if the
-#: job has no such target).
-_Seen = tuple[str | None, str | None, int | None, str | None]
-
-
-def _look(conn: Tx, keys: Sequence[tuple[str, int]]) -> tuple[dict[tuple[str, int], _Seen], int]:
-    """For each (job id, position): what :func:`record` needs to know of it
-    (position -1 asks about the job alone); and the bytes stored in all."""
-    if not keys:
-        return {}, total_bytes(conn)
-    rows = [
-        row
-        for table, args in values(keys)
-        for row in conn.execute(
-            "SELECT v.column1, v.column2, jobs.status, jobs.lease_owner, jobs.lease_token,"
-            f" targets.status, (SELECT total FROM job_bytes) FROM {table}"
-            " LEFT JOIN jobs ON jobs.id = v.column1"
-            " LEFT JOIN targets ON targets.job_id = v.column1 AND targets.pos = v.column2",
-            args,
-        )
-    ]
-    seen = {
-        (job_id, pos): (status, owner, token, target)
-        for job_id, pos, status, owner, token, target, _ in rows
-    }
-    return seen, int(rows[-1][6])
-
-
-def _holds(seen: _Seen, lease: Lease | None) -> bool:
-    """Whether a write made under ``lease`` (None: unconditioned) may be made:
-    the job is held with exactly that lease; or it is terminal, its lease
-    released and its token unchanged (no runner took it since), which is
-    how the outcome of the target in flight when it was cancelled finds it
-    if a beat of its runner released the lease before the outcome came."""
-    if lease is None or (seen[1] == lease.owner and seen[2] == lease.token):
-        return True
-    return seen[1] is None and seen[2] == lease.token and seen[0] not in LIVE_JOB
-
-
 def total_bytes(conn: Tx) -> int:
-    """The stored bytes of every job, live and terminal."""
-    (total,) = conn.execute("SELECT total FROM job_bytes").fetchone()
+    """The stored bytes of every job, live and terminal: the sum of the
+    slots of ``job_bytes``."""
+    (total,) = conn.execute("SELECT coalesce(sum(total), 0) FROM job_bytes").fetchone()
     return int(total)
+
+
+#: Slots of the byte total (``job_bytes``): each writing thread adds to its
+#: own, so that writers side by side seldom update one row.
+SLOTS = 64
+
+
+def byte_slot() -> int:
+    """The slot of ``job_bytes`` this thread adds to."""
+    return threading.get_native_id() % SLOTS
+
+
+def add_bytes(conn: Tx, delta: int) -> None:
+    """Add ``delta`` to the bytes stored in all, in this thread's slot.
+    Written last, sent with the COMMIT (``executemany`` is not waited for),
+    so that no transaction holds the slot between round trips."""
+    if delta:
+        conn.executemany(
+            "INSERT INTO job_bytes (slot, total) VALUES (?, ?)"
+            " ON CONFLICT (slot) DO UPDATE SET total = job_bytes.total + excluded.total",
+            [(byte_slot(), delta)],
+        )
 
 
 def evict(conn: Tx, max_bytes: int) -> list[str]:
     """Delete terminal jobs, least recently touched first (creation order breaks
     ties), until the stored bytes are within ``max_bytes`` or no terminal job
     is left. Live jobs are never evicted. Returns the evicted ids, in order."""
-    evicted, freed = _evict(conn, max_bytes, total_bytes(conn))
-    _add_bytes(conn, -freed)
+    evicted, freed = evict_past(conn, max_bytes, total_bytes(conn))
+    add_bytes(conn, -freed)
     return evicted
 
 
-def _evict(conn: Tx, max_bytes: int, total: int) -> tuple[list[str], int]:
+def evict_past(conn: Tx, max_bytes: int, total: int) -> tuple[list[str], int]:
     """:func:`evict` given the ``total`` bytes stored now, leaving the total
     to the caller: the evicted ids, and the bytes they held. Under budget
     this costs nothing.
@@ -535,7 +399,7 @@ def interrupt(
     ).fetchone()
     status = ended_status(done, failed)
     set_job_status(conn, job_id, status, now)
-    _add_bytes(conn, nbytes)
+    add_bytes(conn, nbytes)
     return status, cur.rowcount
 
 

@@ -43,7 +43,9 @@ position.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import json
 import logging
 import re
 import secrets
@@ -52,11 +54,13 @@ import time
 import urllib.parse
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from .db import RESYNC, Cursor, Database, Tx, check_not_newer, check_readable
 from .errors import Conflict, StoreError
+from .jobs import Lease, Stored, TargetOutcome
+from .outcomes import SERVER_FUNCTION, record_on_server
 from .schema import MIGRATIONS, VERSION
 
 try:
@@ -107,7 +111,14 @@ LISTEN_POLL = 0.25
 #: Seconds before the listener connects again after losing its connection.
 RETRY_LISTEN = 1.0
 
-_CLOCK = "SELECT extract(epoch FROM clock_timestamp())::float8"
+#: The store's time as the server reads it (``PostgresDatabase.clock``).
+SERVER_TIME = "extract(epoch FROM clock_timestamp())"
+#: Reads the store's time (``{time}``: ``PostgresDatabase.clock``) once per
+#: transaction and keeps it as the transaction's setting, where statements
+#: run on the server find it (``NOW``).
+_CLOCK = "SELECT set_config('batch_store.now', ({time})::float8::text, true)::float8"
+#: The time of the transaction, in a statement: ``Tx.now``, on the server.
+NOW = "current_setting('batch_store.now')::float8"
 #: A write begins by reading the clock (a serial one once it has the lock)
 #: and leaving a mark (its connection's key and a token of its own, in
 #: ``store_commits``, a row per connection): should the connection drop as
@@ -118,7 +129,7 @@ _BEGIN_LOCKED = f"BEGIN; {_CLOCK} FROM pg_advisory_xact_lock(%s)"
 _MARK = (
     "INSERT INTO store_commits (conn, token, at)"
     " VALUES (%s, %s, extract(epoch FROM clock_timestamp()))"
-    " ON CONFLICT (conn) DO UPDATE SET token = excluded.token, at = excluded.at"
+    " ON CONFLICT (conn) DO UPDATE SET token = excluded.token, at = excluded.at, answer = NULL"
 )
 _BEGIN_SERIAL = f"{_BEGIN_LOCKED}; {_MARK}"
 _BEGIN_FENCED = f"BEGIN; {_CLOCK}; {_MARK}"
@@ -304,6 +315,13 @@ UPGRADES: tuple[tuple[str, ...], ...] = (
     MIGRATIONS[5],
     MIGRATIONS[6],
     MIGRATIONS[7],
+    (
+        *MIGRATIONS[8],
+        SERVER_FUNCTION,
+        # What a write's last statement answered (``_Tx.finish``), kept
+        # with its mark.
+        "ALTER TABLE store_commits ADD COLUMN answer JSON",
+    ),
 )
 assert SCHEMA_VERSION + len(UPGRADES) == VERSION
 
@@ -350,6 +368,39 @@ class _TryAgain(Exception):
         self.cause = cause
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Mark:
+    """The mark one write leaves (``_MARK``): its connection's ``key``, its
+    own ``token``; the server process ``pid`` of the session, there by the
+    server's time ``since``; and until when (``time.monotonic()``) a lost
+    answer may be asked for."""
+
+    key: str
+    token: int
+    pid: int
+    since: float
+    deadline: float
+
+
+class _Answer:
+    """The rows of a statement whose answer was lost, as kept with its
+    mark (``_Tx.finish``): a cursor over them."""
+
+    def __init__(self, rows: list[dict[str, Any]] | None) -> None:
+        self._rows = [tuple(row.values()) for row in rows or ()]
+        self.rowcount = len(self._rows)
+
+    def fetchone(self) -> Any:
+        return self._rows.pop(0) if self._rows else None
+
+    def fetchall(self) -> list[Any]:
+        rows, self._rows = self._rows, []
+        return rows
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.fetchall())
+
+
 class _Tx:
     """One transaction on one pooled connection (``db.Tx``).
 
@@ -363,22 +414,29 @@ class _Tx:
     and its commit cost one round trip.
     """
 
-    __slots__ = ("_begin", "_conn", "_db", "_now", "_pipeline", "begun")
+    __slots__ = ("_begin", "_conn", "_db", "_mark", "_now", "_pipeline", "begun", "committing")
 
     def __init__(
         self,
         db: PostgresDatabase,
         conn: psycopg.Connection[Any],
         begin: tuple[str, tuple[object, ...]] | None,
+        mark: _Mark | None = None,
     ) -> None:
         self._db = db
         self._conn = conn
+        # The mark a write leaves (``_MARK``), by which a lost answer to its
+        # COMMIT is asked for; and until when it may be asked.
+        self._mark = mark
         # What begins it, sent with its first statement: a write's lock,
         # clock and mark (``_begin_write``), or a read's snapshot.
         self._begin = begin
         self._now: float | None = None
         self._pipeline: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None
         self.begun = False
+        # Set once the COMMIT is sent: from then on, a lost answer leaves
+        # unknown whether the transaction committed.
+        self.committing = False
 
     @property
     def now(self) -> float:
@@ -386,8 +444,8 @@ class _Tx:
             if self._begin is not None and not self.begun:
                 self._start("")
             else:
-                (server,) = self.execute(_CLOCK).fetchone()
-                self._now = self._db.clock(server)
+                (now,) = self.execute(self._db.timed(_CLOCK)).fetchone()
+                self._now = float(now)
         assert self._now is not None
         return self._now
 
@@ -402,6 +460,7 @@ class _Tx:
         """Begin, and run ``query`` (if any) in the same round trip; the
         cursor is left at the query's rows."""
         head, head_args = self._begin or (_BEGIN_READ, ())
+        head = self._db.timed(head)
         if numbered:
             head, named = _named(head, len(head_args))
             params: Sequence[Any] | dict[str, Any] = {
@@ -415,8 +474,8 @@ class _Tx:
         ahead = head.count(";") + 1  # the head's results, each its own set
         if self._begin is not None:
             cur.nextset()  # past BEGIN, to the clock, read once the lock was taken
-            (server,) = cur.fetchone() or (0.0,)
-            self._now = self._db.clock(server)
+            (now,) = cur.fetchone() or (0.0,)
+            self._now = float(now)
             ahead -= 1
         for _ in range(ahead if query else 0):
             cur.nextset()
@@ -446,9 +505,45 @@ class _Tx:
         query, numbered = _translate(sql)
         self._conn.cursor().executemany(query, [_args(r, numbered) for r in rows])
 
+    def finish(self, sql: str, args: Sequence[Any] = ()) -> Cursor:
+        """Run the transaction's last statement with its COMMIT (and its
+        BEGIN, if nothing came before): one round trip for all. The cursor
+        is left at the statement's rows; nothing may follow.
+
+        The rows are kept with the transaction's mark, in the same
+        statement: should the answer be lost, the rows are asked for with
+        the mark, and handed back as if it had come."""
+        assert self._mark is not None, "only a write finishes"
+        self._sync()
+        query, numbered = _translate(sql)
+        # Bound here, so that a value the server cannot take fails before
+        # anything is sent: once the COMMIT is, a failure is judged unsure.
+        text = psycopg.ClientCursor(self._conn).mogrify(query, _args(args, numbered))
+        text = (
+            f"WITH answered AS ({text}), kept AS (UPDATE store_commits SET answer ="
+            f" (SELECT json_agg(r) FROM answered r) WHERE conn = '{self._mark.key}')"
+            " SELECT * FROM answered; COMMIT"
+        )
+        self.committing = True
+        try:
+            if self.begun:
+                return self._conn.execute(text)
+            return self._start(text.replace("%", "%%"))
+        except psycopg.Error as e:
+            if not (_lost(self._conn, e) or e.sqlstate is None):
+                raise  # the server's own answer: it did not commit
+            self._conn.close()
+            answer = self._db.committed(self._mark, e)
+            if answer is False:
+                self.committing = False  # as good as lost before the COMMIT
+                raise
+            return _Answer(answer)
+
     def commit(self) -> None:
-        """Commit, with whatever writes still wait for their answer."""
-        if self.begun:
+        """Commit, with whatever writes still wait for their answer (if
+        ``finish`` has not)."""
+        if self.begun and not self.committing:
+            self.committing = True
             self._conn.execute("COMMIT")
         self._sync()
 
@@ -575,10 +670,11 @@ class PostgresDatabase(Database):
         self.path = _without_password(url)
         self.readonly = readonly
         self._listener = _Listener(self)
-        # Each pooled connection's key, for the marks its writes leave; its
-        # own for as long as it lives. ``_lock`` guards it (the pool
-        # makes connections on threads of its own).
-        self._keys: weakref.WeakKeyDictionary[psycopg.Connection[Any], str] = (
+        # Each pooled connection's key, for the marks its writes leave (its
+        # own for as long as it lives), and the server's time when it was
+        # set up (its session was there by then). ``_lock`` guards it (the
+        # pool makes connections on threads of its own).
+        self._keys: weakref.WeakKeyDictionary[psycopg.Connection[Any], tuple[str, float]] = (
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
@@ -621,26 +717,32 @@ class PostgresDatabase(Database):
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         """Set up a new connection: the server ends a session idle in a
         transaction, and a statement waiting too long for a lock."""
-        conn.execute(
+        row = conn.execute(
             "SELECT set_config('idle_in_transaction_session_timeout', %s, false),"
             " set_config('lock_timeout', %s, false),"
-            " set_config('default_transaction_read_only', %s, false)",
+            " set_config('default_transaction_read_only', %s, false),"
+            f" {SERVER_TIME}::float8",
             (
                 f"{IDLE_IN_TRANSACTION * 1000:.0f}",
                 f"{LOCK_TIMEOUT * 1000:.0f}",
                 "on" if self.readonly else "off",
             ),
-        )
+        ).fetchone()
         with self._lock:
-            self._keys[conn] = uuid.uuid4().hex
+            self._keys[conn] = (uuid.uuid4().hex, float(row[3]) if row else 0.0)
 
-    def _key(self, conn: psycopg.Connection[Any]) -> str:
+    def _key(self, conn: psycopg.Connection[Any]) -> tuple[str, float]:
+        """The connection's key, and the server's time once it was there."""
         with self._lock:
             return self._keys[conn]
 
-    def clock(self, server: float) -> float:
-        """The store's clock: the server's, as read in the transaction."""
-        return server
+    def clock(self) -> str:
+        """The store's clock, as SQL: the server's."""
+        return SERVER_TIME
+
+    def timed(self, sql: str) -> str:
+        """``sql`` reading the store's clock where it says ``{time}``."""
+        return sql.replace("{time}", self.clock())
 
     # -- transactions -------------------------------------------------------------
 
@@ -648,6 +750,19 @@ class PostgresDatabase(Database):
         if self.readonly:
             raise StoreError(f"store {self.path!r} is open for reading only")
         return self._run(fn, write=True, fenced=fenced)
+
+    def record_outcomes(
+        self,
+        tx: Tx,
+        outcomes: Sequence[TargetOutcome],
+        starting: Sequence[tuple[str, Lease | None]],
+        max_bytes: int | None,
+    ) -> Stored:
+        """One call of the schema's function, sent with the transaction's
+        BEGIN and COMMIT: one round trip."""
+        return record_on_server(
+            tx, outcomes, starting, max_bytes, evict_lock=TRY_LOCKS["evict"], now=NOW
+        )
 
     def read(self, fn: Callable[[Tx], T]) -> T:
         return self._run(fn, write=False, fenced=False)
@@ -745,17 +860,18 @@ class PostgresDatabase(Database):
         trying again may succeed; the value of ``fn`` when the commit's
         answer was lost but its mark says it committed; else the store's
         error."""
-        key, token, pid = self._key(conn), secrets.randbits(62), conn.info.backend_pid
+        key, since = self._key(conn)
+        mark = _Mark(key, secrets.randbits(62), conn.info.backend_pid, since, deadline)
         begin: tuple[str, tuple[object, ...]] | None = None
         if write:
             begin = (
-                (_BEGIN_FENCED, (key, token)) if fenced else (_BEGIN_SERIAL, (LOCK_KEY, key, token))
+                (_BEGIN_FENCED, (key, mark.token))
+                if fenced
+                else (_BEGIN_SERIAL, (LOCK_KEY, key, mark.token))
             )
-        tx = _Tx(self, conn, begin)
-        committing = False
+        tx = _Tx(self, conn, begin, mark if write else None)
         try:
             result = fn(tx)
-            committing = True
             tx.commit()
         except psycopg.Error as e:
             tx.abandon()
@@ -763,7 +879,7 @@ class PostgresDatabase(Database):
             # Whether the COMMIT may have been carried out without its answer
             # reaching us: it was sent, and no answer of the server's own
             # said it failed.
-            unsure = write and committing and tx.begun and (lost or e.sqlstate is None)
+            unsure = write and tx.committing and (lost or e.sqlstate is None)
             if lost or unsure:
                 # Closed, so that the transaction is over on the server (or
                 # committing, out of our hands) and the pool makes another.
@@ -772,14 +888,7 @@ class PostgresDatabase(Database):
             else:
                 _rollback(conn)
             if unsure:
-                committed = self._committed(key, token, pid, tx.now, deadline)
-                if committed is None:
-                    raise StoreError(
-                        f"store {self.path!r}: the connection was lost while committing, and"
-                        " the server could not be asked whether the transaction was"
-                        f" committed: {_text(e)}"
-                    ) from e
-                if committed:
+                if self.committed(mark, e) is not False:
                     return result
                 lost = True  # it did not commit: as good as lost before the COMMIT
             if lost or isinstance(e, _CONTENTION):
@@ -791,35 +900,39 @@ class PostgresDatabase(Database):
             raise
         return result
 
-    def _committed(
-        self, key: str, token: int, pid: int, began: float, deadline: float
-    ) -> bool | None:
-        """Whether the write that left mark ``token`` on connection ``key``
-        committed, its connection having been lost as it did. Asked on a
-        connection of its own once the session that ran it (server process
-        ``pid``, there since before ``began``) is over, since until then it
-        may still be committing; until ``deadline``. None if the server
-        could not be asked by then."""
+    def committed(self, mark: _Mark, lost: psycopg.Error) -> Any:
+        """Whether the write that left ``mark`` committed, its connection
+        lost (``lost``) as it did: False if not, else the answer kept with
+        the mark (``_Tx.finish``; None if none was). Asked on a connection
+        of its own once the session that ran it is over, since until then
+        it may still be committing; ``StoreError`` if the server could not
+        be asked by the mark's deadline."""
         delay = 0.005
-        while time.monotonic() + delay <= deadline:
+        while time.monotonic() + delay <= mark.deadline:
             try:
                 with psycopg.connect(
                     self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT
                 ) as conn:
                     row = conn.execute(
                         "SELECT (SELECT token FROM store_commits WHERE conn = %s),"
+                        " (SELECT answer FROM store_commits WHERE conn = %s),"
                         " EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s"
                         "  AND backend_start <= to_timestamp(%s))",
-                        (key, pid, began),
+                        (mark.key, mark.key, mark.pid, mark.since),
                     ).fetchone()
-                mark, running = row or (None, True)
-                if mark == token or not running:
-                    return bool(mark == token)
+                token, answer, running = row or (None, None, True)
+                if token == mark.token:
+                    return json.loads(answer) if isinstance(answer, str) else answer
+                if not running:
+                    return False
             except psycopg.Error:
                 pass  # the server is away: ask again
             time.sleep(delay)
             delay = min(2 * delay, 0.5)
-        return None
+        raise StoreError(
+            f"store {self.path!r}: the connection was lost while committing, and the"
+            f" server could not be asked whether the transaction was committed: {_text(lost)}"
+        ) from lost
 
     def _error(self, e: psycopg.Error) -> StoreError:
         if isinstance(e, pgerrors.UniqueViolation):

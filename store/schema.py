@@ -268,6 +268,18 @@ _QUEUE_CHANGES = (
     "INSERT INTO queue_generation (one, generation) VALUES (1, 0)",
 )
 
+_BYTE_SLOTS = (
+    # The byte total in slots, each writer adding to its own (``jobs.SLOTS``)
+    # and the total their sum: no single row that every commit updates, so
+    # writers side by side (on PostgreSQL) never queue on one. A slot may go
+    # below zero (an eviction in one frees bytes another slot added); the
+    # sum never does.
+    "CREATE TABLE job_bytes_slots (slot INTEGER PRIMARY KEY, total BIGINT NOT NULL)",
+    "INSERT INTO job_bytes_slots (slot, total) SELECT 0, total FROM job_bytes",
+    "DROP TABLE job_bytes",
+    "ALTER TABLE job_bytes_slots RENAME TO job_bytes",
+)
+
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _JOBS,
     _RUNS,
@@ -277,5 +289,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _JOB_COUNTS,
     _JOB_NAMES,
     _QUEUE_CHANGES,
+    _BYTE_SLOTS,
 )
 VERSION = len(MIGRATIONS)

@@ -9,12 +9,14 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .db import Database, Synchronous, Tx, check_not_newer, check_readable
 from .errors import Conflict, StoreError
+from .jobs import Lease, Stored, TargetOutcome
+from .outcomes import record
 from .schema import MIGRATIONS, VERSION
 
 __all__ = ["BUSY_TIMEOUT", "SQLiteDatabase"]
@@ -39,6 +41,10 @@ class _Conn(sqlite3.Connection):
     def try_lock(self, name: str) -> bool:
         """Always taken: the file's write lock is held already."""
         return True
+
+    def finish(self, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
+        """Run the last statement; the commit follows it, as ever."""
+        return self.execute(sql, args)
 
 
 class SQLiteDatabase(Database):
@@ -146,6 +152,16 @@ class SQLiteDatabase(Database):
     def write(self, fn: Callable[[Tx], T], *, fenced: bool = False) -> T:
         with self.transaction() as conn:
             return fn(conn)
+
+    def record_outcomes(
+        self,
+        tx: Tx,
+        outcomes: Sequence[TargetOutcome],
+        starting: Sequence[tuple[str, Lease | None]],
+        max_bytes: int | None,
+    ) -> Stored:
+        """The portable way: a few statements, each over every row."""
+        return record(tx, outcomes, starting, max_bytes)
 
     def read(self, fn: Callable[[Tx], T]) -> T:
         with self.transaction(write=False) as conn:

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import jobs, leases, nodes, queue, record, runs, waiting
+from . import jobs, leases, nodes, outcomes, queue, record, runs, waiting
 from .db import CANCELLED, WORK, Database, Synchronous, Tx, in_list
 from .errors import StoreError
 from .explain import explain as explain_run
@@ -170,7 +170,7 @@ class Store:
         outcome = TargetOutcome(job_id, pos, status, result, error, hint, job_status)
 
         def store_one(tx: Tx) -> list[str]:
-            stored = jobs.record(tx, [outcome], (), max_bytes)
+            stored = outcomes.record(tx, [outcome], (), max_bytes)
             if stored.refused:
                 raise stored.refused[0]  # rolls the transaction back
             return stored.evicted
@@ -191,9 +191,8 @@ class Store:
         another's, its target stored already) does not stop the others.
         First, the ``starting`` jobs (id and lease) still ``queued`` become
         ``running``."""
-
         return self._db.write(
-            lambda tx: jobs.record(tx, outcomes, starting, max_bytes), fenced=True
+            lambda tx: self._db.record_outcomes(tx, outcomes, starting, max_bytes), fenced=True
         )
 
     def get_job(self, job_id: str, owner: str) -> JobRow | None:

@@ -308,7 +308,7 @@ def store_clock(clock: Clock) -> Iterator[Clock]:
     server's clock)."""
     with (
         mock.patch.object(SQLiteDatabase, "clock", lambda self: clock.time()),
-        mock.patch.object(PostgresDatabase, "clock", lambda self, server: clock.time()),
+        mock.patch.object(PostgresDatabase, "clock", lambda self: repr(float(clock.time()))),
     ):
         yield clock
 

@@ -254,12 +254,12 @@ def read_jobs(path: Path) -> dict[str, StoredJob]:
                 "SELECT id, owner, status, nbytes, ntargets, ndone, nfailed FROM jobs"
             )
         }
-        (total,) = raw.execute("SELECT total FROM job_bytes").fetchone()
+        (total,) = raw.execute("SELECT sum(total) FROM job_bytes").fetchone()
     for job_id, job in jobs.items():
         assert job.nbytes == sum(t.nbytes for t in job.targets), f"job {job_id}: {job}"
         statuses = Counter(t.status for t in job.targets)
         assert job.counts == (len(job.targets), statuses["done"], statuses["failed"]), job
-    assert total == sum(job.nbytes for job in jobs.values()), "job_bytes.total is off"
+    assert total == sum(job.nbytes for job in jobs.values()), "the byte total is off"
     return jobs
 
 

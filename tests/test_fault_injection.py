@@ -195,6 +195,10 @@ class FaultyTx:
         self._statement()
         return self.tx.executemany(sql, rows)
 
+    def finish(self, sql: str, args: Sequence[Any] = ()) -> Cursor:
+        self._statement()
+        return self.tx.finish(sql, args)
+
     def __getattr__(self, name: str) -> Any:
         # What else the engine's transactions offer (Tx.locking, ...), as is.
         return getattr(self.tx, name)
@@ -233,6 +237,9 @@ class FaultyDatabase(Database):
 
     def read(self, fn: Callable[[Tx], T]) -> T:
         return self._run(self.inner.read, fn)
+
+    def record_outcomes(self, tx: Tx, *args: Any) -> store.Stored:
+        return self.inner.record_outcomes(tx, *args)
 
     def close(self) -> None:
         self.inner.close()

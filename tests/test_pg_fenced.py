@@ -7,15 +7,15 @@ only an engine with writers side by side can show.)"""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
+import psycopg
 import pytest
 
 import store
 from tests import pgserver
-from tests.helpers import TIMEOUT, fresh, raw
+from tests.helpers import TIMEOUT, eventually, fresh, raw
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,34 +28,30 @@ def url(pg_server: pgserver.Server | None, tmp_path: Path) -> Iterator[str]:
         yield where
 
 
-class Paused:
-    """A transaction of ``db``'s that stops at its first write sent, as a
-    client SIGSTOPped between two round trips would: ``inside`` is set once
-    it is there, and it goes on when ``go`` is set."""
+class HeldOnServer:
+    """Holds the targets of one job from a connection of its own, so that
+    a batch storing one of them stops on the server inside its
+    transaction, the job's row locked by it, as a batch does whose
+    session is slow or stopped (a client cannot stop inside a batch: the
+    batch is one round trip with its COMMIT). ``waiting()`` is whether such
+    a batch waits there now."""
 
-    def __init__(self, db: store.Store, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.inside = threading.Event()
-        self.go = threading.Event()
-        write = db._db.write
+    def __init__(self, url: str, job_id: str) -> None:
+        self._url = url
+        self._conn = psycopg.connect(url, autocommit=False)
+        self._conn.execute("SELECT 1 FROM targets WHERE job_id = %s FOR UPDATE", (job_id,))
 
-        def paused(fn: Callable[[Any], Any], **how: Any) -> Any:
-            return write(lambda tx: fn(_Stopping(tx, self)), **how)
+    def waiting(self) -> bool:
+        (count,) = raw(
+            self._url,
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'batch-store'"
+            " AND wait_event_type = 'Lock' AND xact_start IS NOT NULL",
+        )[0]
+        return bool(count == 1)
 
-        monkeypatch.setattr(db._db, "write", paused)
-
-
-class _Stopping:
-    def __init__(self, tx: Any, paused: Paused) -> None:
-        self._tx, self._paused = tx, paused
-
-    def executemany(self, sql: str, rows: Any) -> Any:
-        if not self._paused.inside.is_set():
-            self._paused.inside.set()
-            assert self._paused.go.wait(TIMEOUT), "never let go"
-        return self._tx.executemany(sql, rows)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tx, name)
+    def release(self) -> None:
+        self._conn.rollback()
+        self._conn.close()
 
 
 def _outcome(job_id: str, pos: int, owner: str) -> store.TargetOutcome:
@@ -64,19 +60,17 @@ def _outcome(job_id: str, pos: int, owner: str) -> store.TargetOutcome:
     )
 
 
-def test_a_writer_stopped_inside_its_transaction_stops_no_other_runner(
-    url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Runner a's batch stops between its round trips, holding its job's
+def test_a_writer_stopped_inside_its_transaction_stops_no_other_runner(url: str) -> None:
+    """Runner a's batch stops inside its transaction, holding its job's
     row. Meanwhile runner b, on another connection, stores its outcomes,
     beats, submits and cancels: none of it waits for a. The two
-    transactions overlap (a is seen open on the server while b commits),
+    transactions overlap (a is seen waiting on the server while b commits),
     and once a goes on its batch commits too, both stored once."""
     with store.open(url) as a_db, store.open(url) as b_db:
         for runner, db in (("a", a_db), ("b", b_db)):
             db.register_runner(runner, 30.0)
             db.create_jobs("alice", [(f"{runner}-job", ["x", "y"])], runner, lease_for=30.0)
-        paused = Paused(a_db, monkeypatch)
+        held = HeldOnServer(url, "a-job")
         got: list[store.Stored] = []
         writer = threading.Thread(
             target=lambda: got.append(a_db.store_targets([_outcome("a-job", 0, "a")])),
@@ -84,7 +78,7 @@ def test_a_writer_stopped_inside_its_transaction_stops_no_other_runner(
         )
         writer.start()
         try:
-            assert paused.inside.wait(TIMEOUT)
+            assert eventually(held.waiting)
 
             stored = b_db.store_targets([_outcome("b-job", 0, "b")])
             assert stored.refused == {}
@@ -93,17 +87,12 @@ def test_a_writer_stopped_inside_its_transaction_stops_no_other_runner(
             b_db.create_jobs("bob", [("b-new", ["z"])], "b", lease_for=30.0)
             assert b_db.cancel_job("b-new", "bob")
             # a's transaction is open on the server all that time.
-            (open_,) = raw(
-                url,
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE state = 'idle in transaction' AND datname = current_database()",
-            )[0]
-            assert open_ == 1
+            assert held.waiting()
             b_job = b_db.get_job("b-job", "alice")
             assert b_job is not None
             assert [t.status for t in b_job.targets] == ["done", "pending"]
         finally:
-            paused.go.set()
+            held.release()
             writer.join(TIMEOUT)
         assert got and got[0].refused == {}
         a_job = a_db.get_job("a-job", "alice")
@@ -112,9 +101,7 @@ def test_a_writer_stopped_inside_its_transaction_stops_no_other_runner(
         assert a_db.total_bytes() == len('"a-job.0"') + len('"b-job.0"')
 
 
-def test_a_take_over_passes_over_a_job_a_stopped_writer_holds(
-    url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_take_over_passes_over_a_job_a_stopped_writer_holds(url: str) -> None:
     """Runner a's lease has lapsed while its batch is stopped inside its
     transaction: another runner's beat does not wait for a's row, nor take
     the job from under the write; once a's transaction ends the job is
@@ -124,18 +111,18 @@ def test_a_take_over_passes_over_a_job_a_stopped_writer_holds(
         b_db.register_runner("b", 30.0)
         # Lapsed at once: any beat may take it, but for a's write holding it.
         a_db.create_jobs("alice", [("a-job", ["x", "y"]), ("a-two", ["x"])], "a", lease_for=-1.0)
-        paused = Paused(a_db, monkeypatch)
+        held = HeldOnServer(url, "a-job")
         writer = threading.Thread(
             target=lambda: a_db.store_targets([_outcome("a-job", 0, "a")]),
             name="paused-writer",
         )
         writer.start()
         try:
-            assert paused.inside.wait(TIMEOUT)
+            assert eventually(held.waiting)
             beat = b_db.beat_runner("b", 30.0, foreign=True)
             assert [row.id for row, _ in beat.taken] == ["a-two"]
         finally:
-            paused.go.set()
+            held.release()
             writer.join(TIMEOUT)
         beat = b_db.beat_runner("b", 30.0, foreign=True)
         assert [(row.id, token) for row, token in beat.taken] == [("a-job", 2)]

@@ -9,8 +9,9 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -20,7 +21,7 @@ import batch.keeper
 import store
 import store.postgres
 from tests import pgserver
-from tests.helpers import TIMEOUT, Raw, Script, fresh, raw, within
+from tests.helpers import TIMEOUT, Raw, Script, eventually, fresh, raw, within
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -245,35 +246,95 @@ def test_a_restart_of_the_server_loses_nothing_and_ends_no_worker(
     assert sorted(stored) == sorted((ref, "done") for job in refs for ref in job)
 
 
+def _store_one(db: store.Store) -> None:
+    """A batch of one outcome: one round trip, its COMMIT sent with it."""
+    stored = db.store_targets([store.TargetOutcome("j", 0, "done", result='"v"')])
+    assert stored.refused == {}
+
+
+def _cancel(db: store.Store) -> None:
+    """A write of statements, then its COMMIT on its own."""
+    assert db.cancel_job("j", "alice")
+
+
 @pytest.mark.parametrize("after", [True, False], ids=["committed", "not-committed"])
+@pytest.mark.parametrize("write", [_store_one, _cancel], ids=["batch", "cancel"])
 def test_a_connection_lost_at_commit_is_resolved_by_asking_the_server(
-    url: str, monkeypatch: pytest.MonkeyPatch, after: bool
+    url: str, monkeypatch: pytest.MonkeyPatch, after: bool, write: Callable[[store.Store], None]
 ) -> None:
-    """The connection drops as a write commits: the store asks the server
-    whether that transaction committed, and either returns (it did) or runs
-    it again (it did not). Either way the outcome is stored once, and the
-    caller never sees an error."""
+    """The connection drops as a write commits (with the batch's one
+    statement, or on its own): the store asks the server whether that
+    transaction committed, and either returns (it did, with what the batch
+    answered) or runs it again (it did not). Either way it is made once,
+    and the caller never sees an error."""
     with store.open(url) as db:
         db.create_job("j", "alice", ["x", "y"])
         state = {"dropped": 0}
-        commit = store.postgres._Tx.commit
+        real = psycopg.Connection.execute
 
-        def dropping(tx: store.postgres._Tx) -> None:
+        def dropping(conn: psycopg.Connection[Any], query: Any, *args: Any, **kw: Any) -> Any:
             """The first COMMIT: made (``after``) or not, then the connection drops."""
-            if state["dropped"]:
-                return commit(tx)
+            if state["dropped"] or "COMMIT" not in str(query):
+                return real(conn, query, *args, **kw)
             state["dropped"] = 1
             if after:
-                commit(tx)
-            tx._conn.close()
+                real(conn, query, *args, **kw)
+            conn.close()
             raise psycopg.OperationalError("the connection dropped")
 
-        monkeypatch.setattr(store.postgres._Tx, "commit", dropping)
-        stored = db.store_targets([store.TargetOutcome("j", 0, "done", result='"v"')])
+        monkeypatch.setattr(psycopg.Connection, "execute", dropping)
+        write(db)
         monkeypatch.undo()
         assert state["dropped"] == 1
-        assert stored.refused == {}
         job = db.get_job("j", "alice")
     assert job is not None
-    assert [(t.status, t.result) for t in job.targets] == [("done", '"v"'), ("pending", None)]
-    assert job.nbytes == 3
+    if write is _cancel:
+        assert job.status == "cancelled"
+    else:
+        assert [(t.status, t.result) for t in job.targets] == [("done", '"v"'), ("pending", None)]
+        assert job.nbytes == 3
+        assert db_total(url) == 3
+
+
+def db_total(url: str) -> int:
+    (total,) = raw(url, "SELECT sum(total) FROM job_bytes")[0]
+    return int(total)
+
+
+def test_a_connection_killed_inside_a_batch_stores_it_once(url: str) -> None:
+    """The server ends the session of a batch half-way through its work
+    (the batch waits on a row held elsewhere, its job's row locked): the
+    store finds the batch did not commit, runs it again once the row is
+    free, and stores each outcome once."""
+    with store.open(url) as db:
+        db.register_runner("a", 30.0)
+        db.create_jobs("alice", [("j", ["x", "y"])], "a", lease_for=30.0)
+        holder = psycopg.connect(url)
+        holder.execute("SELECT 1 FROM targets WHERE job_id = 'j' FOR UPDATE")
+        got: list[store.Stored] = []
+        outcomes = [
+            store.TargetOutcome("j", pos, "done", result='"v"', lease=store.Lease("a", 1))
+            for pos in (0, 1)
+        ]
+        writer = threading.Thread(target=lambda: got.append(db.store_targets(outcomes)))
+        writer.start()
+        waiting = (
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'batch-store'"
+            " AND wait_event_type = 'Lock'"
+        )
+        try:
+            assert eventually(lambda: len(raw(url, waiting)) == 1)
+            [(pid,)] = raw(url, waiting)
+            assert raw(url, "SELECT pg_terminate_backend(?)", (pid,)) == [(True,)]
+            # Run again, it waits on the row again, on another session.
+            assert eventually(lambda: [p for (p,) in raw(url, waiting)] not in ([], [pid]))
+        finally:
+            holder.rollback()
+            holder.close()
+        writer.join(TIMEOUT)
+        assert got and got[0].refused == {}
+        job = db.get_job("j", "alice")
+    assert job is not None
+    assert [t.status for t in job.targets] == ["done", "done"]
+    assert job.nbytes == 6
+    assert db_total(url) == 6

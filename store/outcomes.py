@@ -1,0 +1,377 @@
+"""A batch of target outcomes stored in one transaction: what a busy
+runner's group commit writes. Each engine has its own way, with one
+meaning:
+
+- :func:`record`, the portable way (SQLite's): one read decides every
+  outcome, then one statement per kind of write runs over all its rows
+  (``executemany``, a loop in C on SQLite);
+- :data:`SERVER_FUNCTION`, PostgreSQL's: a function the schema installs,
+  called by :func:`record_on_server` with the batch as arrays. It locks,
+  decides, writes and evicts on the server, and the call goes out with the
+  transaction's BEGIN and COMMIT: one round trip per batch, however many
+  outcomes and jobs it holds.
+
+What a batch does, on either engine, in this order: the jobs' rows are
+locked in id order (where the engine has writers side by side); the
+``starting`` jobs still ``queued`` become ``running``, and so do those of
+outcomes stored under a lease (a runner ran their first target); each
+outcome is stored if its job is there, held with its lease and its target
+pending (the first of two for one target wins); the jobs whose stored
+outcome carries a ``job_status`` end; then, given ``max_bytes``, terminal
+jobs are evicted past that budget (the jobs just ended were touched last,
+so they go last); the byte total changes last. An outcome refused does not
+stop the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from .db import Tx, in_list, values
+from .errors import Conflict, NotFound
+from .jobs import (
+    Lease,
+    Stored,
+    TargetOutcome,
+    add_bytes,
+    byte_slot,
+    evict_past,
+    lease_args,
+    total_bytes,
+)
+from .schema import LIVE_JOB
+
+__all__ = ["SERVER_FUNCTION", "record", "record_on_server"]
+
+#: What became of one outcome: stored, or refused because its job is
+#: ``gone``, held under another ``lease``, or its target ``stored`` already.
+Verdict = Literal["ok", "gone", "lease", "stored"]
+
+#: What :func:`record` reads of one target: its job's status, lease owner
+#: and token (all None if the job is gone), and its own status (None if the
+#: job has no such target).
+_Seen = tuple[str | None, str | None, int | None, str | None]
+
+
+def record(
+    conn: Tx,
+    outcomes: Sequence[TargetOutcome],
+    starting: Sequence[tuple[str, Lease | None]],
+    max_bytes: int | None,
+) -> Stored:
+    """Store a batch the portable way (see the module's docstring): a
+    fixed number of calls however many outcomes the batch holds."""
+    keys = [(o.job_id, o.pos) for o in outcomes] + [(j, -1) for j, _ in starting]
+    _lock(conn, sorted({job_id for job_id, _ in keys}))
+    seen, total = _look(conn, keys)
+    now = conn.now
+    verdicts = _decide(outcomes, seen)
+    statuses = [seen[o.job_id, o.pos][0] for o in outcomes]
+    stored = [o for o, v in zip(outcomes, verdicts, strict=True) if v == "ok"]
+    start = {
+        job_id: None
+        for job_id, lease in starting
+        if (h := seen.get((job_id, -1))) is not None and h[0] == "queued" and _holds(h, lease)
+    }
+    start.update(
+        (o.job_id, None)
+        for o in stored
+        if o.lease is not None and seen[o.job_id, o.pos][0] == "queued"
+    )
+    if start:
+        conn.executemany(
+            "UPDATE jobs SET status = 'running', updated_at = ? WHERE id = ? AND status = 'queued'",
+            [(now, job_id) for job_id in start],
+        )
+    if stored:
+        conn.executemany(
+            "UPDATE targets SET status = ?, result = ?, error = ?, hint = ?"
+            " WHERE job_id = ? AND pos = ?",
+            [(o.status, o.result, o.error, o.hint, o.job_id, o.pos) for o in stored],
+        )
+    by_job: dict[str, list[int]] = {}  # bytes, done, failed
+    for o in stored:
+        added = by_job.setdefault(o.job_id, [0, 0, 0])
+        added[0] += o.nbytes
+        added[1 if o.status == "done" else 2] += 1
+    if by_job:
+        conn.executemany(
+            "UPDATE jobs SET nbytes = nbytes + ?, ndone = ndone + ?, nfailed = nfailed + ?,"
+            " updated_at = ? WHERE id = ?",
+            [(*added, now, job_id) for job_id, added in by_job.items()],
+        )
+    added_bytes = sum(added[0] for added in by_job.values())
+    ending = _ending(outcomes, verdicts, statuses)
+    if ending:
+        conn.executemany(
+            "UPDATE jobs SET status = ?, updated_at = ?, touched_at = ?, lease_owner = NULL"
+            " WHERE id = ?",
+            [(outcomes[i].job_status, now, now, outcomes[i].job_id) for i in ending],
+        )
+    evicted, freed = (
+        ([], 0) if max_bytes is None else evict_past(conn, max_bytes, total + added_bytes)
+    )
+    add_bytes(conn, added_bytes - freed)
+    return _stored(outcomes, verdicts, statuses, evicted)
+
+
+def _lock(conn: Tx, job_ids: Sequence[str]) -> None:
+    """Lock these jobs' rows until the transaction ends, in the order
+    given (every writer locks jobs in id order, so two never wait on each
+    other in a circle): what a fenced write decides on then stays as read.
+    Nothing to do where the engine has one writer at a time."""
+    locking = conn.locking()
+    for start in range(0, len(job_ids) if locking else 0, 500):
+        where, args = in_list("id", job_ids[start : start + 500])
+        conn.execute(f"SELECT id FROM jobs WHERE {where} ORDER BY id{locking}", args)
+
+
+def _look(conn: Tx, keys: Sequence[tuple[str, int]]) -> tuple[dict[tuple[str, int], _Seen], int]:
+    """For each (job id, position): what :func:`record` needs to know of it
+    (position -1 asks about the job alone); and the bytes stored in all."""
+    if not keys:
+        return {}, total_bytes(conn)
+    rows = [
+        row
+        for table, args in values(keys)
+        for row in conn.execute(
+            "SELECT v.column1, v.column2, jobs.status, jobs.lease_owner, jobs.lease_token,"
+            f" targets.status, (SELECT sum(total) FROM job_bytes) FROM {table}"
+            " LEFT JOIN jobs ON jobs.id = v.column1"
+            " LEFT JOIN targets ON targets.job_id = v.column1 AND targets.pos = v.column2",
+            args,
+        )
+    ]
+    seen = {
+        (job_id, pos): (status, owner, token, target)
+        for job_id, pos, status, owner, token, target, _ in rows
+    }
+    return seen, int(rows[-1][6] or 0)
+
+
+def _decide(outcomes: Sequence[TargetOutcome], seen: dict[tuple[str, int], _Seen]) -> list[Verdict]:
+    """What becomes of each outcome, given what was seen of its target."""
+    verdicts: list[Verdict] = []
+    kept: set[tuple[str, int]] = set()
+    for o in outcomes:
+        h = seen[o.job_id, o.pos]
+        if h[0] is None:
+            verdicts.append("gone")
+        elif not _holds(h, o.lease):
+            verdicts.append("lease")
+        elif h[3] != "pending" or (o.job_id, o.pos) in kept:
+            verdicts.append("stored")
+        else:
+            kept.add((o.job_id, o.pos))
+            verdicts.append("ok")
+    return verdicts
+
+
+def _holds(seen: _Seen, lease: Lease | None) -> bool:
+    """Whether a write made under ``lease`` (None: unconditioned) may be made:
+    the job is held with exactly that lease; or it is terminal, its lease
+    released and its token unchanged (no runner took it since), which is
+    how the outcome of the target in flight when it was cancelled finds it
+    if a beat of its runner released the lease before the outcome came."""
+    if lease is None or (seen[1] == lease.owner and seen[2] == lease.token):
+        return True
+    return seen[1] is None and seen[2] == lease.token and seen[0] not in LIVE_JOB
+
+
+def _ending(
+    outcomes: Sequence[TargetOutcome], verdicts: Sequence[Verdict], statuses: Sequence[str | None]
+) -> list[int]:
+    """The outcomes that end their job: of each live job, the first stored
+    outcome that carries a ``job_status``."""
+    ending: dict[str, int] = {}
+    for i, (o, verdict, status) in enumerate(zip(outcomes, verdicts, statuses, strict=True)):
+        if verdict == "ok" and o.job_status is not None and status in LIVE_JOB:
+            ending.setdefault(o.job_id, i)
+    return list(ending.values())
+
+
+def _stored(
+    outcomes: Sequence[TargetOutcome],
+    verdicts: Sequence[Verdict],
+    statuses: Sequence[str | None],
+    evicted: list[str],
+) -> Stored:
+    """What came of the batch, from each outcome's verdict and the status
+    its job had when the batch decided."""
+    refused: dict[int, NotFound | Conflict] = {}
+    for i, (o, verdict) in enumerate(zip(outcomes, verdicts, strict=True)):
+        if verdict == "gone":
+            refused[i] = NotFound(f"no job {o.job_id!r}")
+        elif verdict == "lease":
+            owner = None if o.lease is None else o.lease.owner
+            refused[i] = Conflict(f"job {o.job_id!r} is no longer leased to runner {owner}")
+        elif verdict == "stored":
+            refused[i] = Conflict(f"target {o.pos} of job {o.job_id!r} is not pending")
+    return Stored(
+        refused,
+        frozenset(_ending(outcomes, verdicts, statuses)),
+        evicted,
+        frozenset(
+            i
+            for i, (verdict, status) in enumerate(zip(verdicts, statuses, strict=True))
+            if verdict == "ok" and status not in LIVE_JOB
+        ),
+    )
+
+
+# -- PostgreSQL: the batch in one call ---------------------------------------------------
+
+#: The function PostgreSQL's schema installs: :func:`record` on the server.
+#: Each statement in it takes a new snapshot (READ COMMITTED), so what it
+#: reads after the first one locked the jobs stays as read. Returns each
+#: outcome's verdict and its job's status as decided, and the ids evicted.
+#: A change to it is a new schema step (``CREATE OR REPLACE``), never an
+#: edit of this text.
+SERVER_FUNCTION = """
+CREATE FUNCTION store_record(
+    o_job TEXT[], o_pos INTEGER[], o_status TEXT[], o_result TEXT[], o_error TEXT[],
+    o_hint TEXT[], o_nbytes BIGINT[], o_end TEXT[], o_owner TEXT[], o_token BIGINT[],
+    s_job TEXT[], s_owner TEXT[], s_token BIGINT[],
+    max_bytes BIGINT, evict_lock BIGINT, my_slot INTEGER, at DOUBLE PRECISION,
+    OUT verdicts TEXT[], OUT seen TEXT[], OUT evicted TEXT[]
+) LANGUAGE plpgsql AS $$
+DECLARE
+    added BIGINT;
+    total BIGINT;
+    kept  BIGINT;
+    gone  RECORD;
+BEGIN
+    PERFORM 1 FROM jobs WHERE id = ANY (o_job || s_job) ORDER BY id FOR UPDATE;
+
+    SELECT coalesce(array_agg(d.verdict ORDER BY d.ord), '{}'),
+           coalesce(array_agg(d.status ORDER BY d.ord), '{}')
+      INTO verdicts, seen
+      FROM (SELECT c.ord, c.status,
+                   CASE WHEN c.status IS NULL THEN 'gone'
+                        WHEN NOT c.holds THEN 'lease'
+                        WHEN c.target IS DISTINCT FROM 'pending' THEN 'stored'
+                        WHEN row_number() OVER (PARTITION BY c.job, c.pos, c.holds,
+                             c.target ORDER BY c.ord) > 1 THEN 'stored'
+                        ELSE 'ok' END AS verdict
+              FROM (SELECT o.ord, o.job, o.pos, j.status, t.status AS target,
+                           coalesce(o.owner IS NULL
+                               OR (j.lease_owner = o.owner AND j.lease_token = o.token)
+                               OR (j.lease_owner IS NULL AND j.lease_token = o.token
+                                   AND j.status NOT IN ('queued', 'running')), false) AS holds
+                      FROM unnest(o_job, o_pos, o_owner, o_token)
+                           WITH ORDINALITY AS o (job, pos, owner, token, ord)
+                      LEFT JOIN jobs j ON j.id = o.job
+                      LEFT JOIN targets t ON t.job_id = o.job AND t.pos = o.pos) c) d;
+
+    UPDATE targets t
+       SET status = o.status, result = o.result, error = o.error, hint = o.hint
+      FROM unnest(o_job, o_pos, o_status, o_result, o_error, o_hint, verdicts)
+           AS o (job, pos, status, result, error, hint, verdict)
+     WHERE o.verdict = 'ok' AND t.job_id = o.job AND t.pos = o.pos;
+
+    WITH ok AS (
+        SELECT o.* FROM unnest(o_job, o_status, o_nbytes, o_end, o_owner, verdicts)
+                        WITH ORDINALITY AS o (job, status, nbytes, job_end, owner, verdict, ord)
+         WHERE o.verdict = 'ok'
+    ), changes AS (
+        SELECT job, sum(nbytes) AS nbytes,
+               count(*) FILTER (WHERE status = 'done') AS ndone,
+               count(*) FILTER (WHERE status = 'failed') AS nfailed,
+               bool_or(owner IS NOT NULL) AS starts,
+               (array_agg(job_end ORDER BY ord) FILTER (WHERE job_end IS NOT NULL))[1] AS job_end
+          FROM ok GROUP BY job
+        UNION ALL
+        SELECT s.job, 0, 0, 0, true, NULL
+          FROM unnest(s_job, s_owner, s_token) AS s (job, owner, token)
+          JOIN jobs j ON j.id = s.job
+         WHERE j.status = 'queued'
+           AND (s.owner IS NULL OR (j.lease_owner = s.owner AND j.lease_token = s.token))
+    ), by_job AS (
+        SELECT job, sum(nbytes) AS nbytes, sum(ndone) AS ndone, sum(nfailed) AS nfailed,
+               bool_or(starts) AS starts, max(job_end) AS job_end
+          FROM changes GROUP BY job
+    )
+    UPDATE jobs j
+       SET nbytes = j.nbytes + c.nbytes, ndone = j.ndone + c.ndone,
+           nfailed = j.nfailed + c.nfailed, updated_at = at,
+           status = CASE WHEN j.status NOT IN ('queued', 'running') THEN j.status
+                         WHEN c.job_end IS NOT NULL THEN c.job_end
+                         WHEN c.starts THEN 'running'
+                         ELSE j.status END,
+           touched_at = CASE WHEN c.job_end IS NOT NULL AND j.status IN ('queued', 'running')
+                             THEN at ELSE j.touched_at END,
+           lease_owner = CASE WHEN c.job_end IS NOT NULL AND j.status IN ('queued', 'running')
+                              THEN NULL ELSE j.lease_owner END
+      FROM by_job c
+     WHERE j.id = c.job;
+
+    SELECT coalesce(sum(o.nbytes), 0) INTO added
+      FROM unnest(o_nbytes, verdicts) AS o (nbytes, verdict) WHERE o.verdict = 'ok';
+    evicted := '{}';
+    IF max_bytes IS NOT NULL THEN
+        SELECT coalesce(sum(b.total), 0) + added INTO total FROM job_bytes b;
+        kept := total;
+        IF total > max_bytes AND pg_try_advisory_xact_lock(evict_lock) THEN
+            WHILE kept > max_bytes LOOP
+                SELECT id, nbytes INTO gone FROM jobs
+                 WHERE status IN ('done', 'failed', 'partial', 'cancelled')
+                 ORDER BY touched_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED;
+                EXIT WHEN NOT FOUND;
+                DELETE FROM targets WHERE job_id = gone.id;
+                DELETE FROM jobs WHERE id = gone.id;
+                kept := kept - gone.nbytes;
+                evicted := evicted || gone.id;
+            END LOOP;
+            added := added - (total - kept);
+        END IF;
+    END IF;
+    IF added <> 0 THEN
+        INSERT INTO job_bytes (slot, total) VALUES (my_slot, added)
+            ON CONFLICT (slot) DO UPDATE SET total = job_bytes.total + excluded.total;
+    END IF;
+END $$
+"""
+
+
+def record_on_server(
+    conn: Tx,
+    outcomes: Sequence[TargetOutcome],
+    starting: Sequence[tuple[str, Lease | None]],
+    max_bytes: int | None,
+    *,
+    evict_lock: int,
+    now: str,
+) -> Stored:
+    """Store a batch by one call of :data:`SERVER_FUNCTION`, the
+    transaction's last statement (``Tx.finish``: its COMMIT goes with it).
+    ``evict_lock`` is the key of the lock eviction tries; ``now`` the SQL
+    of the transaction's time."""
+    leases = [lease_args(o.lease) for o in outcomes]
+    starts = [lease_args(lease) for _, lease in starting]
+    row = conn.finish(
+        "SELECT verdicts, seen, evicted FROM store_record("
+        "?::text[], ?::integer[], ?::text[], ?::text[], ?::text[], ?::text[], ?::bigint[],"
+        " ?::text[], ?::text[], ?::bigint[], ?::text[], ?::text[], ?::bigint[],"
+        f" ?, ?, ?, {now})",
+        (
+            [o.job_id for o in outcomes],
+            [o.pos for o in outcomes],
+            [o.status for o in outcomes],
+            [o.result for o in outcomes],
+            [o.error for o in outcomes],
+            [o.hint for o in outcomes],
+            [o.nbytes for o in outcomes],
+            [o.job_status for o in outcomes],
+            [owner for owner, _ in leases],
+            [token for _, token in leases],
+            [job_id for job_id, _ in starting],
+            [owner for owner, _ in starts],
+            [token for _, token in starts],
+            max_bytes,
+            evict_lock,
+            byte_slot(),
+        ),
+    ).fetchone()
+    verdicts, statuses, evicted = row
+    return _stored(outcomes, verdicts, statuses, list(evicted))
