@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["Raw", "copy_of", "engine", "scratch", "use"]
+__all__ = ["Raw", "copy_of", "engine", "scratch", "server_cpu", "use"]
 
 Engine = Literal["sqlite", "postgres"]
 
@@ -84,6 +84,35 @@ def scratch(name: str = "bench.sqlite3") -> Iterator[str]:
         yield _url_for(db)
     finally:
         _admin_sql(f"DROP DATABASE {db} WITH (FORCE)")
+
+
+def server_cpu() -> float | None:
+    """CPU seconds the PostgreSQL server measured on has used so far: its
+    processes alive now and those that ended (counted in their parent's
+    children times once reaped). None where it cannot be read: a server
+    on another machine, or a user who may not ask where its data is."""
+    import psycopg  # noqa: PLC0415
+
+    try:
+        with psycopg.connect(_admin(), autocommit=True) as conn:
+            (data,) = conn.execute("SHOW data_directory").fetchone() or ("",)
+        postmaster = int(Path(data, "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError, TypeError, psycopg.Error):
+        return None
+    ticks = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            # After "pid (comm)": state, ppid, ..., utime, stime, cutime, cstime.
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(proc.name) == postmaster:
+            ticks += sum(int(f) for f in fields[11:15])
+        elif int(fields[1]) == postmaster:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager

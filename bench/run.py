@@ -40,6 +40,7 @@ from bench import (
     live,
     memory,
     runs,
+    scaleout,
     size,
     starve,
     throughput,
@@ -49,7 +50,7 @@ from bench.measure import REPO, Options, Row, Scenario, git_state, print_table, 
 __all__ = ["SUITE", "main"]
 
 #: The scenarios measured on PostgreSQL too (``--engine postgres``).
-ON_POSTGRES = ("1", "2", "5")
+ON_POSTGRES = ("1", "2", "5", "10")
 
 SUITE: tuple[Scenario, ...] = (
     throughput.SCENARIO,
@@ -61,6 +62,7 @@ SUITE: tuple[Scenario, ...] = (
     iobound.SCENARIO,
     command.SCENARIO,
     starve.SCENARIO,
+    scaleout.SCENARIO,
 )
 
 

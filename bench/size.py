@@ -86,7 +86,7 @@ def build(path: str, jobs: int) -> None:
             "INSERT INTO targets (job_id, pos, ref, status, result) VALUES (?, 0, ?, 'done', ?)",
             ((f"{i:032x}", ref(i), result_json(ref(i))) for i in range(jobs)),
         )
-        conn.execute("UPDATE job_bytes SET total = total + ?", (jobs * nbytes,))
+        conn.execute("UPDATE job_bytes SET total = total + ? WHERE slot = 0", (jobs * nbytes,))
         conn.execute("COMMIT")
 
 

@@ -26,6 +26,7 @@ import functools
 import importlib
 import importlib.util
 import itertools
+import math
 import signal
 import sqlite3
 import threading
@@ -35,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from bench.engine import engine
+from bench.engine import engine, server_cpu
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Skipped, alternate
 from bench.workload import (
     PATIENCE,
@@ -47,6 +48,7 @@ from bench.workload import (
     refs,
     result_json,
     scratch,
+    together,
 )
 from store.db import Synchronous
 
@@ -309,35 +311,14 @@ def processes_rate(processes: int, sizes: Sizes) -> float:
     """Targets per second of ``processes`` runner processes on one database,
     the jobs shared out among them: from their common start to the last
     target stored."""
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    from bench.measure import REPO  # noqa: PLC0415
-
     share = sizes.jobs // processes
     with scratch() as url:
         store_open(url)
-        start_at = time.time() + 2.0  # every process has its runner up by then
-        procs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    PROCESS,
-                    url,
-                    str(k * share),
-                    str(share),
-                    str(sizes.per_job),
-                    str(start_at),
-                ],
-                stdout=subprocess.PIPE,
-                cwd=REPO,
-                text=True,
-            )
-            for k in range(processes)
-        ]
-        ends = [float(p.communicate(timeout=PATIENCE)[0].split()[-1]) for p in procs]
-        return share * processes * sizes.per_job / (max(ends) - start_at)
+        took = together(
+            PROCESS,
+            [[url, str(k * share), str(share), str(sizes.per_job)] for k in range(processes)],
+        )
+        return share * processes * sizes.per_job / took
 
 
 def store_open(location: str) -> None:
@@ -347,30 +328,78 @@ def store_open(location: str) -> None:
     store.open(location).close()
 
 
+def costed(measure: Callable[[], float], targets: int) -> Callable[[], dict[str, float]]:
+    """``measure`` as ``rate``, with the CPU this process (``client``) and
+    the server (``server``; NaN where it cannot be read) spent per target
+    meanwhile, in microseconds."""
+
+    def run() -> dict[str, float]:
+        client, server = time.process_time(), server_cpu()
+        rate = measure()
+        client, after = time.process_time() - client, server_cpu()
+        spent = math.nan if server is None or after is None else after - server
+        return {"rate": rate, "client": client / targets * 1e6, "server": spent / targets * 1e6}
+
+    return run
+
+
+def rated(measure: Callable[[], float]) -> dict[str, float]:
+    """``measure``'s rate, as :func:`costed` gives it."""
+    return {"rate": measure()}
+
+
 def run_postgres(opts: Options) -> list[Row]:
-    """On PostgreSQL: the runner against the naive psycopg baseline, and the
+    """On PostgreSQL: the runner against the naive psycopg baseline, with
+    the CPU each spends per target on the client and on the server; and the
     rate of 1, 2 and 4 runner processes sharing one database."""
     sizes = QUICK if opts.quick else FULL
-    measures: dict[str, Callable[[], float]] = {
-        "runner": lambda: runner_rate(sizes.jobs, sizes.per_job),
-        "executor": lambda: executor_pg_rate(sizes),
+    targets = sizes.jobs * sizes.per_job
+    measures: dict[str, Callable[[], dict[str, float]]] = {
+        "runner": costed(lambda: runner_rate(sizes.jobs, sizes.per_job), targets),
+        "executor": costed(lambda: executor_pg_rate(sizes), targets),
     }
     for n in (1, 2, 4):
-        measures[f"p{n}"] = functools.partial(processes_rate, n, sizes)
-    rates = alternate(opts.rounds, measures)
-    ours = Series(f"batch.Runner, {sizes.jobs} jobs of {sizes.per_job:,}", rates["runner"])
-    one = Series("1 runner process", rates["p1"])
+        measures[f"p{n}"] = functools.partial(rated, functools.partial(processes_rate, n, sizes))
+    got = alternate(opts.rounds, measures)
+
+    def series(name: str, key: str, what: str = "rate") -> Series:
+        return Series(name, [r[what] for r in got[key]])
+
+    ours = f"batch.Runner, {sizes.jobs} jobs of {sizes.per_job:,}"
+    naive = "ThreadPoolExecutor(4), a commit per task"
+    one = series("1 runner process", "p1")
     return [
         Figure(
             "1",
             "runner vs naive TPE+psycopg commits",
             "/s",
-            ours,
-            Series("ThreadPoolExecutor(4), a commit per task", rates["executor"]),
+            series(ours, "runner"),
+            series(naive, "executor"),
             Goal("ratio", ">=", 1.0),
         ),
-        Figure("1", "2 runner processes, one database", "/s", Series("2", rates["p2"]), one),
-        Figure("1", "4 runner processes, one database", "/s", Series("4", rates["p4"]), one),
+        Figure(
+            "1",
+            "client CPU/target, runner vs naive",
+            "us",
+            series(ours, "runner", "client"),
+            series(naive, "executor", "client"),
+        ),
+        Figure(
+            "1",
+            "server CPU/target, runner vs naive",
+            "us",
+            series(ours, "runner", "server"),
+            series(naive, "executor", "server"),
+        ),
+        Figure(
+            "1",
+            "2 runner processes, one database",
+            "/s",
+            series("2", "p2"),
+            one,
+            Goal("ratio", ">=", 1.4),
+        ),
+        Figure("1", "4 runner processes, one database", "/s", series("4", "p4"), one),
     ]
 
 

@@ -171,3 +171,34 @@ def drain_rate(
         tally.wait_stored(want, budget)
     elapsed = time.perf_counter() - start
     return (tally.stored - before) / elapsed
+
+
+#: Seconds from launching processes to their common start
+#: (:func:`together`): each has its store and runner up by then.
+SETTLE = 2.0
+
+
+def together(child: str, argvs: Sequence[Sequence[str]]) -> float:
+    """Run a process of Python code ``child`` per argument list, all
+    beginning their work at one moment (passed as their last argument, a
+    ``time.time()``), each printing the time it finished; returns the
+    seconds from that moment to the last finish."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from bench.measure import REPO  # noqa: PLC0415
+
+    start_at = time.time() + SETTLE
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", child, *argv, str(start_at)],
+            stdout=subprocess.PIPE,
+            cwd=REPO,
+            text=True,
+        )
+        for argv in argvs
+    ]
+    ends = [p.communicate(timeout=PATIENCE)[0].split() for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"{sum(bool(p.returncode) for p in procs)} of {len(procs)} failed")
+    return max(float(end[-1]) for end in ends) - start_at

@@ -1,0 +1,177 @@
+"""Scenario 10, scale-out: runner processes sharing one database, as users
+grow past one machine. Each process opens the store itself and runs its own
+``batch.Runner`` with 32 workers, each fetch waiting 25 ms (a network
+call); each has 64 jobs of 40 targets, and every process starts at one
+moment. Measured with 1, 2 and 4 processes, against two references in the
+same rounds:
+
+- the ideal: every worker of every process busy all the time,
+  ``processes * 32 / 25 ms``;
+- the naive baseline: as many processes, each a ``ThreadPoolExecutor(32)``
+  doing the same wait per target, then one INSERT and its commit per result
+  on a connection of the thread's own. What one writes without a runner:
+  no fairness, no serial rule, no lease.
+
+The rate runs from the common start to the last target stored by any
+process.
+
+    python -m bench.scaleout --engine postgres [--rounds N] [--quick]
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from bench.engine import engine, scratch
+from bench.iobound import Shape
+from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Skipped, alternate
+from bench.workload import together
+
+__all__ = ["SCENARIO"]
+
+
+#: As many jobs as workers at least: each job runs one target at a time.
+FULL = Shape(workers=32, latency=0.025, jobs=64, per_job=40)
+QUICK = Shape(workers=32, latency=0.025, jobs=64, per_job=10)
+#: One runner process: its jobs, from the common start; prints the time its
+#: last target was stored.
+RUNNER = """
+import sys, time
+from bench.workload import CALLER, open_runner
+url, name = sys.argv[1], sys.argv[2]
+workers, jobs, per_job = map(int, sys.argv[3:6])
+latency, start_at = float(sys.argv[6]), float(sys.argv[7])
+
+def fetch(ctx, caller, target):
+    time.sleep(latency)  # allow-sleep: the network call each target waits on
+    return {"ref": target.ref}
+
+work = [[f"{name}-{j}-{i}" for i in range(per_job)] for j in range(jobs)]
+with open_runner(url, fetch, workers=workers, max_targets=per_job) as (runner, tally):
+    while time.time() < start_at:
+        time.sleep(0.001)  # allow-sleep: every process begins at one moment
+    for job in work:
+        runner.submit(CALLER, job)
+    tally.wait_stored(jobs * per_job)
+    print(time.time())
+"""
+
+#: One naive process: a thread pool, a connection per thread, a commit per
+#: result; prints the time its last result was committed.
+NAIVE = """
+import json, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
+import psycopg
+url, name = sys.argv[1], sys.argv[2]
+workers, jobs, per_job = map(int, sys.argv[3:6])
+latency, start_at = float(sys.argv[6]), float(sys.argv[7])
+local = threading.local()
+opened = []
+lock = threading.Lock()
+
+def task(ref):
+    time.sleep(latency)  # allow-sleep: the network call each target waits on
+    conn = getattr(local, "conn", None)
+    if conn is None:
+        conn = local.conn = psycopg.connect(url, autocommit=True)
+        with lock:
+            opened.append(conn)
+    conn.execute(
+        "INSERT INTO results (ref, result) VALUES (%s, %s)",
+        (ref, json.dumps({"ref": ref}, separators=(",", ":"))),
+    )
+
+refs = [f"{name}-{j}-{i}" for j in range(jobs) for i in range(per_job)]
+with ThreadPoolExecutor(workers) as pool:
+    while time.time() < start_at:
+        time.sleep(0.001)  # allow-sleep: every process begins at one moment
+    for ref in refs:
+        pool.submit(task, ref)
+print(time.time())
+for conn in opened:
+    conn.close()
+"""
+
+
+def processes_rate(child: str, processes: int, shape: Shape, setup: Callable[[str], None]) -> float:
+    """Targets per second of ``processes`` copies of ``child`` on one new
+    database (set up by ``setup``), from their common start to the last
+    target stored."""
+    with scratch() as url:
+        setup(url)
+        work = [str(shape.workers), str(shape.jobs), str(shape.per_job), str(shape.latency)]
+        took = together(child, [[url, f"p{k}", *work] for k in range(processes)])
+        return processes * shape.jobs * shape.per_job / took
+
+
+def open_store(url: str) -> None:
+    """Set the store up before the processes open it."""
+    import store  # noqa: PLC0415
+
+    store.open(url).close()
+
+
+def results_table(url: str) -> None:
+    """The naive baseline's table."""
+    import psycopg  # noqa: PLC0415 (only the PostgreSQL suite needs it)
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE results (ref TEXT PRIMARY KEY, result TEXT NOT NULL)")
+
+
+def run(opts: Options) -> list[Row]:
+    """The runner's rate with 1, 2 and 4 processes, against the ideal and
+    the naive baseline."""
+    if engine() != "postgres":
+        return [Skipped("10", "runner processes on one database", "PostgreSQL only")]
+    shape = QUICK if opts.quick else FULL
+    counts = (1, 2, 4)
+    measures: dict[str, Callable[[], float]] = {}
+    for n in counts:
+        measures[f"runner{n}"] = functools.partial(processes_rate, RUNNER, n, shape, open_store)
+        measures[f"naive{n}"] = functools.partial(processes_rate, NAIVE, n, shape, results_table)
+    rates = alternate(opts.rounds, measures)
+    rows: list[Row] = []
+    for n in counts:
+        ours = Series(f"{n} runner process{'es' if n > 1 else ''}", rates[f"runner{n}"])
+        ideal = n * shape.ideal
+        rows.append(
+            Figure(
+                "10",
+                f"{n} x {shape.workers} workers x {shape.latency * 1000:g} ms vs ideal",
+                "/s",
+                ours,
+                Series(f"ideal, {ideal:,.0f}/s", [ideal] * len(rates[f"runner{n}"])),
+                Goal("ratio", ">=", 0.9) if n == 2 else None,
+            )
+        )
+        rows.append(
+            Figure(
+                "10",
+                f"{n} x {shape.workers} workers vs naive TPE+psycopg",
+                "/s",
+                ours,
+                Series(f"{n} x ThreadPoolExecutor({shape.workers})", rates[f"naive{n}"]),
+                Goal("ratio", ">=", 0.95) if n == 4 else None,
+            )
+        )
+    rows.append(
+        Figure(
+            "10",
+            f"4 runner processes vs 1, {shape.workers} workers each",
+            "/s",
+            Series("4 runner processes", rates["runner4"]),
+            Series("1 runner process", rates["runner1"]),
+            Goal("ratio", ">=", 2.5),
+        )
+    )
+    return rows
+
+
+SCENARIO: Scenario = Scenario("10", "runner processes on one database", run)
+
+if __name__ == "__main__":
+    from bench.run import main
+
+    raise SystemExit(main(suite=[SCENARIO]))
