@@ -12,11 +12,25 @@ __version__ = "0.2.0"
 
 from .db import CANCELLED, RESYNC, WORK
 from .errors import Conflict, InvalidRun, NotFound, StoreError, Unsatisfiable
-from .jobs import JobRow, JobSummary, Lease, Stored, TargetOutcome, TargetRow
-from .leases import Beat
 from .record import label
 from .schema import JobStatus, ended_status
-from .shapes import Advert, Assigned, Assignment, Claim, NodeView, RunView, Step, StepView
+from .shapes import (
+    Advert,
+    Assigned,
+    Assignment,
+    Beat,
+    Claim,
+    JobRow,
+    JobSummary,
+    Lease,
+    NodeView,
+    RunView,
+    Step,
+    StepView,
+    Stored,
+    TargetOutcome,
+    TargetRow,
+)
 from .store import Store, open
 
 __all__ = [

@@ -19,7 +19,7 @@ from .errors import StoreError
 from .schema import VERSION
 
 if TYPE_CHECKING:
-    from .jobs import Lease, Stored, TargetOutcome
+    from .shapes import Lease, Stored, TargetOutcome
 
 __all__ = [
     "CANCELLED",

@@ -9,20 +9,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from .db import Tx
-from .errors import Conflict, NotFound
+from .fence import fenced, lease_args
 from .schema import LIVE_JOB, TERMINAL_JOB, JobStatus, ended_status
+from .shapes import JobRow, JobSummary, Lease, TargetRow
 
 __all__ = [
-    "JobRow",
-    "JobSummary",
-    "Lease",
-    "Stored",
-    "TargetOutcome",
-    "TargetRow",
     "add_bytes",
     "byte_slot",
     "cancel_job",
@@ -34,7 +28,6 @@ __all__ = [
     "get_job",
     "interrupt",
     "job_status",
-    "lease_args",
     "list_jobs",
     "load_jobs",
     "set_job_status",
@@ -43,131 +36,18 @@ __all__ = [
 ]
 
 
-class TargetRow(NamedTuple):
-    """One stored target, as its row. ``result`` is the JSON text as stored
-    (or None). A tuple: a job of many targets reads fast."""
-
-    pos: int
-    ref: str
-    status: str
-    result: str | None
-    error: str | None
-    hint: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class JobRow:
-    """One stored job with its targets in submit order. Times are epoch seconds."""
-
-    id: str
-    owner: str
-    status: str
-    created_at: float
-    updated_at: float
-    touched_at: float
-    nbytes: int
-    targets: tuple[TargetRow, ...]
-    #: The runner the job was submitted through, if any.
-    runner_id: str | None = None
-    #: What its submitter called it, if anything.
-    name: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """A runner's hold on a job: its ``owner`` (the runner's id) and the
-    fencing ``token`` it got the job with. A write naming a lease is made
-    only while the job still has exactly that owner and token."""
-
-    owner: str
-    token: int
-
-
-def _fenced(j: int, o: int, t: int) -> str:
-    """The condition of a write made under a lease: the job (parameter
-    ``j``) is held by owner ``o`` with token ``t``; a NULL owner (no lease
-    given) writes unconditioned."""
-    return (
-        f" AND (?{o} IS NULL OR EXISTS (SELECT 1 FROM jobs WHERE id = ?{j}"
-        f" AND lease_owner = ?{o} AND lease_token = ?{t}))"
-    )
-
-
 #: A LIMIT that takes every row (both dialects accept it; PostgreSQL refuses -1).
 NO_LIMIT = 2**62
 
 # The statements that move one job, made once.
 _END_JOB = (
     "UPDATE jobs SET status = ?1, updated_at = ?2, touched_at = ?2, lease_owner = NULL"
-    " WHERE id = ?3 AND status IN ('queued', 'running')" + _fenced(3, 4, 5)
+    " WHERE id = ?3 AND status IN ('queued', 'running')" + fenced(3, 4, 5)
 )
 _MOVE_JOB = (
     "UPDATE jobs SET status = ?1, updated_at = ?2"
-    " WHERE id = ?3 AND status IN ('queued', 'running')" + _fenced(3, 4, 5)
+    " WHERE id = ?3 AND status IN ('queued', 'running')" + fenced(3, 4, 5)
 )
-
-
-def lease_args(lease: Lease | None) -> tuple[str | None, int | None]:
-    """The owner and token a fenced statement binds: both None for none."""
-    return (None, None) if lease is None else (lease.owner, lease.token)
-
-
-@dataclass(frozen=True, slots=True)
-class TargetOutcome:
-    """What to store for one pending target: ``status`` ``done`` or
-    ``failed`` with its texts, and, if it ends its job, the job's terminal
-    ``job_status``. Given a ``lease``, stored only while the job is held
-    with it."""
-
-    job_id: str
-    pos: int
-    status: str
-    result: str | None = None
-    error: str | None = None
-    hint: str | None = None
-    job_status: str | None = None
-    lease: Lease | None = None
-
-    def __post_init__(self) -> None:
-        if self.status not in ("done", "failed"):
-            raise ValueError(f"a target ends 'done' or 'failed', not {self.status!r}")
-        if self.job_status is not None and self.job_status not in TERMINAL_JOB:
-            raise ValueError(f"a job ends {', '.join(TERMINAL_JOB)}, not {self.job_status!r}")
-
-    @property
-    def nbytes(self) -> int:
-        """UTF-8 bytes of the texts stored with the target."""
-        return sum(len(t.encode()) for t in (self.result, self.error, self.hint) if t is not None)
-
-
-@dataclass(frozen=True, slots=True)
-class Stored:
-    """What came of storing several outcomes, by their index: ``refused``
-    (``NotFound``: the job is gone; ``Conflict``: its lease is another's, or
-    the target was stored already), ``ended`` (their job moved to its
-    ``job_status``), ``cancelled`` (stored, but their job was cancelled
-    meanwhile, through another runner maybe), and the jobs ``evicted``."""
-
-    refused: dict[int, NotFound | Conflict]
-    ended: frozenset[int]
-    evicted: list[str]
-    cancelled: frozenset[int] = frozenset()
-
-
-@dataclass(frozen=True, slots=True)
-class JobSummary:
-    """One stored job without its targets: how many are in each status."""
-
-    id: str
-    owner: str
-    status: str
-    created_at: float
-    updated_at: float
-    nbytes: int
-    done: int
-    failed: int
-    pending: int
-    name: str | None = None
 
 
 def create_jobs(

@@ -30,17 +30,10 @@ from typing import Literal
 
 from .db import Tx, in_list, values
 from .errors import Conflict, NotFound
-from .jobs import (
-    Lease,
-    Stored,
-    TargetOutcome,
-    add_bytes,
-    byte_slot,
-    evict_past,
-    lease_args,
-    total_bytes,
-)
+from .fence import holds, lease_args
+from .jobs import add_bytes, byte_slot, evict_past, total_bytes
 from .schema import LIVE_JOB
+from .shapes import Lease, Stored, TargetOutcome
 
 __all__ = ["SERVER_FUNCTION", "record", "record_on_server"]
 
@@ -72,7 +65,7 @@ def record(
     start = {
         job_id: None
         for job_id, lease in starting
-        if (h := seen.get((job_id, -1))) is not None and h[0] == "queued" and _holds(h, lease)
+        if (h := seen.get((job_id, -1))) is not None and h[0] == "queued" and holds(*h[:3], lease)
     }
     start.update(
         (o.job_id, None)
@@ -158,7 +151,7 @@ def _decide(outcomes: Sequence[TargetOutcome], seen: dict[tuple[str, int], _Seen
         h = seen[o.job_id, o.pos]
         if h[0] is None:
             verdicts.append("gone")
-        elif not _holds(h, o.lease):
+        elif not holds(*h[:3], o.lease):
             verdicts.append("lease")
         elif h[3] != "pending" or (o.job_id, o.pos) in kept:
             verdicts.append("stored")
@@ -166,17 +159,6 @@ def _decide(outcomes: Sequence[TargetOutcome], seen: dict[tuple[str, int], _Seen
             kept.add((o.job_id, o.pos))
             verdicts.append("ok")
     return verdicts
-
-
-def _holds(seen: _Seen, lease: Lease | None) -> bool:
-    """Whether a write made under ``lease`` (None: unconditioned) may be made:
-    the job is held with exactly that lease; or it is terminal, its lease
-    released and its token unchanged (no runner took it since), which is
-    how the outcome of the target in flight when it was cancelled finds it
-    if a beat of its runner released the lease before the outcome came."""
-    if lease is None or (seen[1] == lease.owner and seen[2] == lease.token):
-        return True
-    return seen[1] is None and seen[2] == lease.token and seen[0] not in LIVE_JOB
 
 
 def _ending(

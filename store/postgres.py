@@ -59,9 +59,9 @@ from typing import Any, TypeVar
 
 from .db import RESYNC, Cursor, Database, Tx, check_not_newer, check_readable
 from .errors import Conflict, StoreError
-from .jobs import Lease, Stored, TargetOutcome
 from .outcomes import SERVER_FUNCTION, record_on_server
 from .schema import MIGRATIONS, VERSION
+from .shapes import Lease, Stored, TargetOutcome
 
 try:
     import psycopg

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from . import match, nodes, record, runs, waiting
+from . import match, node_leases, nodes, record, waiting
 from .db import Tx
 from .shapes import Advert, Assignment
 
@@ -73,7 +73,7 @@ def promote(
         ((a.node_id, run_id, a.seq) for a in placed),
     )
     taken = {a.node_id for a in placed}
-    runs.issue_leases(conn, run_id, taken, now + lease_ttl)
+    node_leases.issue(conn, run_id, taken, now + lease_ttl)
     conn.execute(
         "UPDATE runs SET state = 'RUNNING', started_at = ? WHERE id = ? AND state = 'QUEUED'",
         (now, run_id),

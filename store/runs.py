@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from . import match, nodes, record, waiting
+from . import match, node_leases, nodes, record, waiting
 from .db import Tx
 from .errors import Conflict, InvalidRun, NotFound, Unsatisfiable
 from .shapes import Assigned, Claim, RunView, Step, StepView
@@ -27,7 +27,6 @@ __all__ = [
     "get",
     "heartbeat",
     "insert_steps",
-    "issue_leases",
     "list_ids",
     "reap",
     "report",
@@ -135,7 +134,7 @@ def submit(
     insert_steps(conn, run_id, checked, {a.seq: a.node_id for a in placed or ()})
     assigned = record.label(placed, fleet.adverts) if placed else []
     if placed:
-        issue_leases(conn, run_id, {a.node_id for a in placed}, now + lease_ttl)
+        node_leases.issue(conn, run_id, {a.node_id for a in placed}, now + lease_ttl)
     record.open_record(conn, run_id, [(s.seq, s.name) for s in checked], assigned, now)
     return get(conn, run_id)
 
@@ -160,15 +159,6 @@ def insert_steps(
             (run_id, s.seq, s.name, s.kind, json.dumps(sorted(s.needs)), node_of.get(s.seq, ""))
             for s in steps
         ),
-    )
-
-
-def issue_leases(conn: Tx, run_id: str, node_ids: Iterable[str], not_after: float) -> None:
-    """Lease each node to the run until ``not_after``. A node that holds a
-    lease already is refused by the primary key (``sqlite3.IntegrityError``)."""
-    conn.executemany(
-        "INSERT INTO leases (node_id, run_id, not_after) VALUES (?, ?, ?)",
-        ((node_id, run_id, not_after) for node_id in sorted(node_ids)),
     )
 
 
@@ -243,7 +233,7 @@ def claim(conn: Tx, node_id: str, now: float, lease_ttl: float) -> Claim | None:
     run_id, seq, name, kind, needs = row
     conn.execute("UPDATE steps SET state = 'RUNNING' WHERE run_id = ? AND seq = ?", (run_id, seq))
     not_after = now + lease_ttl
-    conn.execute("UPDATE leases SET not_after = ? WHERE node_id = ?", (not_after, node_id))
+    node_leases.renew(conn, node_id, not_after)
     return Claim(run_id, seq, name, kind, frozenset(json.loads(needs)), not_after)
 
 
@@ -299,7 +289,7 @@ def report(
         end_run(conn, run_id, "SUCCEEDED", None, now)
         return True
     if node_id not in left:
-        conn.execute("DELETE FROM leases WHERE node_id = ? AND run_id = ?", (node_id, run_id))
+        node_leases.release(conn, node_id, run_id)
         return True
     return False
 
@@ -308,21 +298,13 @@ def heartbeat(conn: Tx, node_id: str, now: float, lease_ttl: float) -> float | N
     """Extend the node's lease to ``now + lease_ttl``; return the new end, or
     None if the node holds no lease."""
     nodes.require(conn, node_id, now)
-    row = conn.execute(
-        "UPDATE leases SET not_after = ? WHERE node_id = ? RETURNING not_after",
-        (now + lease_ttl, node_id),
-    ).fetchone()
-    return None if row is None else float(row[0])
+    return node_leases.renew(conn, node_id, now + lease_ttl)
 
 
 def reap(conn: Tx, now: float) -> list[str]:
     """Fail every run holding a lease that expired at or before ``now``. A
     QUEUED run holds no lease, so it is never touched."""
-    expired = conn.execute(
-        "SELECT run_id, MIN(node_id) FROM leases WHERE not_after <= ?"
-        " GROUP BY run_id ORDER BY run_id",
-        (now,),
-    ).fetchall()
+    expired = node_leases.lapsed(conn, now)
     for run_id, node_id in expired:
         end_run(conn, run_id, "FAILED", f"lease expired on node {node_id!r}", now)
     return [run_id for run_id, _ in expired]
@@ -347,7 +329,7 @@ def end_run(conn: Tx, run_id: str, state: str, reason: str | None, now: float) -
         "UPDATE steps SET state = 'FAILED' WHERE run_id = ? AND state IN ('PENDING', 'RUNNING')",
         (run_id,),
     )
-    conn.execute("DELETE FROM leases WHERE run_id = ?", (run_id,))
+    node_leases.release_run(conn, run_id)
     conn.execute(
         "UPDATE runs SET state = ?, reason = ?, ended_at = ? WHERE id = ?",
         (state, reason, now, run_id),

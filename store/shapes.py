@@ -1,10 +1,14 @@
-"""The values of the run scheduler: what nodes advertise, what runs hold, and
-what the store hands back."""
+"""The store's values, one module for all: what the batch runner stores and
+reads back (jobs, targets, outcomes, leases, beats), what nodes
+advertise, what runs hold, and what the store hands back."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+from .errors import Conflict, NotFound
+from .schema import TERMINAL_JOB
 
 __all__ = [
     "RUN_STATES",
@@ -12,12 +16,136 @@ __all__ = [
     "Advert",
     "Assigned",
     "Assignment",
+    "Beat",
     "Claim",
+    "JobRow",
+    "JobSummary",
+    "Lease",
     "NodeView",
     "RunView",
     "Step",
     "StepView",
+    "Stored",
+    "TargetOutcome",
+    "TargetRow",
 ]
+
+# -- batch jobs ----------------------------------------------------------------
+
+
+class TargetRow(NamedTuple):
+    """One stored target, as its row. ``result`` is the JSON text as stored
+    (or None). A tuple: a job of many targets reads fast."""
+
+    pos: int
+    ref: str
+    status: str
+    result: str | None
+    error: str | None
+    hint: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """One stored job with its targets in submit order. Times are epoch seconds."""
+
+    id: str
+    owner: str
+    status: str
+    created_at: float
+    updated_at: float
+    touched_at: float
+    nbytes: int
+    targets: tuple[TargetRow, ...]
+    #: The runner the job was submitted through, if any.
+    runner_id: str | None = None
+    #: What its submitter called it, if anything.
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A runner's hold on a job: its ``owner`` (the runner's id) and the
+    fencing ``token`` it got the job with. A write naming a lease is made
+    only while the job still has exactly that owner and token."""
+
+    owner: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class TargetOutcome:
+    """What to store for one pending target: ``status`` ``done`` or
+    ``failed`` with its texts, and, if it ends its job, the job's terminal
+    ``job_status``. Given a ``lease``, stored only while the job is held
+    with it."""
+
+    job_id: str
+    pos: int
+    status: str
+    result: str | None = None
+    error: str | None = None
+    hint: str | None = None
+    job_status: str | None = None
+    lease: Lease | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in ("done", "failed"):
+            raise ValueError(f"a target ends 'done' or 'failed', not {self.status!r}")
+        if self.job_status is not None and self.job_status not in TERMINAL_JOB:
+            raise ValueError(f"a job ends {', '.join(TERMINAL_JOB)}, not {self.job_status!r}")
+
+    @property
+    def nbytes(self) -> int:
+        """UTF-8 bytes of the texts stored with the target."""
+        return sum(len(t.encode()) for t in (self.result, self.error, self.hint) if t is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What came of storing several outcomes, by their index: ``refused``
+    (``NotFound``: the job is gone; ``Conflict``: its lease is another's, or
+    the target was stored already), ``ended`` (their job moved to its
+    ``job_status``), ``cancelled`` (stored, but their job was cancelled
+    meanwhile, through another runner maybe), and the jobs ``evicted``."""
+
+    refused: dict[int, NotFound | Conflict]
+    ended: frozenset[int]
+    evicted: list[str]
+    cancelled: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """One stored job without its targets: how many are in each status."""
+
+    id: str
+    owner: str
+    status: str
+    created_at: float
+    updated_at: float
+    nbytes: int
+    done: int
+    failed: int
+    pending: int
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """What one beat found. ``held``: the live jobs the runner still holds,
+    by id, with their token (renewed now); ``ended``: jobs it held that are
+    terminal now (cancelled through another runner; their lease released);
+    ``taken``: jobs leased to it by this beat, oldest first, with their new
+    token: to run, or to end if it cannot."""
+
+    held: dict[str, int]
+    ended: frozenset[str]
+    taken: list[tuple[JobRow, int]]
+
+
+# -- the run scheduler -------------------------------------------------------------
+
 
 #: Run states; the last two are terminal (a cancelled run ends FAILED).
 RUN_STATES = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED")

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 
 from .db import Database, Synchronous, Tx, check_not_newer, check_readable
 from .errors import Conflict, StoreError
-from .jobs import Lease, Stored, TargetOutcome
 from .outcomes import record
 from .schema import MIGRATIONS, VERSION
+from .shapes import Lease, Stored, TargetOutcome
 
 __all__ = ["BUSY_TIMEOUT", "SQLiteDatabase"]
 

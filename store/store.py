@@ -10,14 +10,26 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import jobs, leases, nodes, outcomes, queue, record, runs, waiting
+from . import jobs, nodes, outcomes, queue, record, runners, runs, waiting
 from .db import CANCELLED, WORK, Database, Synchronous, Tx, in_list
 from .errors import StoreError
 from .explain import explain as explain_run
-from .jobs import JobRow, JobSummary, Lease, Stored, TargetOutcome, TargetRow
-from .leases import Beat
 from .schema import JobStatus
-from .shapes import RUN_STATES, Advert, Claim, NodeView, RunView, Step
+from .shapes import (
+    RUN_STATES,
+    Advert,
+    Beat,
+    Claim,
+    JobRow,
+    JobSummary,
+    Lease,
+    NodeView,
+    RunView,
+    Step,
+    Stored,
+    TargetOutcome,
+    TargetRow,
+)
 from .sqlite import SQLiteDatabase
 
 __all__ = ["Store", "open"]
@@ -270,7 +282,7 @@ class Store:
     def register_runner(self, runner_id: str, lapse: float = 5.0) -> None:
         """Record a runner of this process as alive, its leases ``lapse``
         seconds long (it is gone once silent for that long)."""
-        self._db.write(lambda tx: leases.register(tx, runner_id, tx.now, lapse), fenced=True)
+        self._db.write(lambda tx: runners.register(tx, runner_id, tx.now, lapse), fenced=True)
 
     def beat_runner(
         self,
@@ -282,9 +294,9 @@ class Store:
         keep: Sequence[str] = (),
     ) -> Beat:
         """One beat of the runner: renew its leases for ``lapse`` seconds and
-        take jobs no live runner holds (see ``leases.beat``)."""
+        take jobs no live runner holds (see ``runners.beat``)."""
         return self._db.write(
-            lambda tx: leases.beat(
+            lambda tx: runners.beat(
                 tx, runner_id, tx.now, lapse, room=room, foreign=foreign, keep=keep
             ),
             fenced=True,
@@ -293,14 +305,14 @@ class Store:
     def halted_jobs(self, runner_id: str) -> list[str]:
         """Ids of the jobs leased to the runner that are terminal already
         (cancelled through another runner)."""
-        return self._db.read(lambda tx: leases.halted(tx, runner_id))
+        return self._db.read(lambda tx: runners.halted(tx, runner_id))
 
     def retire_runner(self, runner_id: str) -> None:
         """The runner closed: its leases are released, and the next runner
         with room takes its live jobs at once."""
 
         def retire(tx: Tx) -> None:
-            leases.retire(tx, runner_id)
+            runners.retire(tx, runner_id)
             self._db.notify(tx, WORK)
 
         self._db.write(retire, fenced=True)

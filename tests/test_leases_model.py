@@ -6,7 +6,7 @@ or with the store's default) through beats, clock steps small and large,
 stop and resume, kill, retire, cancel, and writes fenced by the lease an actor
 believes it holds: at once, or begun now and landed later in one batch (a
 fetch in flight), maybe after the job went to another actor and came back.
-A model of ``store/leases.py`` and the fenced writes of ``store/jobs.py``
+A model of ``store/runners.py`` and the fenced writes of ``store/jobs.py``
 predicts every ``Beat`` (held, ended, taken and the new tokens) and whether
 every write is accepted; after every step the store file must hold exactly
 the model's leases, tokens, statuses, targets, runners (heartbeat, lapse,

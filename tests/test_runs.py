@@ -16,7 +16,7 @@ import pytest
 import store
 import store.queue as store_queue
 import store.record as record_module
-import store.runs as runs_module
+from store import node_leases
 from tests.helpers import Clock, raw, trace
 
 FAR_FUTURE = 1e12
@@ -876,7 +876,7 @@ def test_the_lease_key_refuses_a_second_lease_on_a_node(db: store.Store) -> None
     before = snapshot(db, "holder", "other")
 
     with pytest.raises(store.Conflict):
-        db._db.write(lambda tx: runs_module.issue_leases(tx, "other", {"n0", "n1"}, FAR_FUTURE))
+        db._db.write(lambda tx: node_leases.issue(tx, "other", {"n0", "n1"}, FAR_FUTURE))
 
     assert snapshot(db, "holder", "other") == before
     assert set(leases(db)) == {"n1"}

@@ -1,10 +1,11 @@
-"""Who runs which batch job: runners, the leases they hold, and take-over.
+"""Who runs which batch job: the runners table, the leases runners hold on
+jobs, and take-over.
 
 A live job is held by at most one runner at a time, through a lease: the
 owner's id, an expiry by the store's clock, and a fencing token bumped
 whenever the job changes owner. The owner renews all its leases in one
 statement per beat; every write it makes for a job names the owner and
-token (``jobs.Lease``), and the store refuses it once the job has another.
+token (``shapes.Lease``), and the store refuses it once the job has another.
 
 Guarantees (the numbered steps of ``docs/concurrency.md`` say why each is
 safe):
@@ -27,12 +28,12 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from . import jobs
 from .db import Tx, in_list
-from .jobs import NO_LIMIT, JobRow
+from .jobs import NO_LIMIT
 from .schema import LIVE_JOB
+from .shapes import Beat, JobRow
 
 __all__ = ["HOST", "Beat", "beat", "halted", "pid_alive", "register", "retire"]
 
@@ -41,19 +42,6 @@ HOST = socket.gethostname()
 
 #: The most jobs of gone runners one beat ends or takes without room.
 ORPHANS_PER_BEAT = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Beat:
-    """What one beat found. ``held``: the live jobs the runner still holds,
-    by id, with their token (renewed now); ``ended``: jobs it held that are
-    terminal now (cancelled through another runner; their lease released);
-    ``taken``: jobs leased to it by this beat, oldest first, with their new
-    token: to run, or to end if it cannot."""
-
-    held: dict[str, int]
-    ended: frozenset[str]
-    taken: list[tuple[JobRow, int]]
 
 
 def register(conn: Tx, runner_id: str, now: float, lapse: float) -> None:
