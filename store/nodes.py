@@ -15,6 +15,8 @@ from .match import labels, place
 from .shapes import Advert, NodeView
 
 __all__ = [
+    "ANY_FREE",
+    "GENERATION",
     "Fleet",
     "Fleets",
     "advertise",
@@ -81,9 +83,11 @@ class Fleets:
     def __init__(self) -> None:
         self._fleet: Fleet | None = None
 
-    def get(self, conn: Tx) -> Fleet:
-        """The nodes as ``conn``'s transaction sees them."""
-        (generation,) = conn.execute("SELECT generation FROM node_generation").fetchone()
+    def get(self, conn: Tx, generation: int | None = None) -> Fleet:
+        """The nodes as ``conn``'s transaction sees them, given their
+        ``generation`` if the caller read it (:data:`GENERATION`)."""
+        if generation is None:
+            (generation,) = conn.execute(f"SELECT {GENERATION}").fetchone()
         fleet = self._fleet
         if fleet is None or fleet.generation != generation:
             ads = adverts(conn)
@@ -156,16 +160,24 @@ def list_nodes(conn: Tx) -> list[NodeView]:
     ]
 
 
+#: The nodes' generation, as an expression: bumped whenever a node is
+#: advertised (:class:`Fleets` reads the adverts again only then).
+GENERATION = "(SELECT generation FROM node_generation)"
+
+#: Whether some node could take a run now (neither busy nor draining), as
+#: an expression: from three counts (draining nodes are indexed), without
+#: reading what the nodes advertise or looking each node up.
+ANY_FREE = (
+    "((SELECT count(*) FROM nodes) - (SELECT count(*) FROM leases)"
+    " - (SELECT count(*) FROM nodes WHERE draining = 1"
+    "    AND NOT EXISTS (SELECT 1 FROM leases WHERE leases.node_id = nodes.id)) > 0)"
+)
+
+
 def any_free(conn: Tx) -> bool:
-    """Whether some node could take a run now (neither busy nor draining):
-    from three counts (draining nodes are indexed), without reading what
-    the nodes advertise or looking each node up."""
-    nodes, leased, idle_draining = conn.execute(
-        "SELECT (SELECT count(*) FROM nodes), (SELECT count(*) FROM leases),"
-        " (SELECT count(*) FROM nodes WHERE draining = 1"
-        "  AND NOT EXISTS (SELECT 1 FROM leases WHERE leases.node_id = nodes.id))"
-    ).fetchone()
-    return bool(nodes - leased - idle_draining > 0)
+    """Whether some node could take a run now (:data:`ANY_FREE`)."""
+    (free,) = conn.execute(f"SELECT {ANY_FREE}").fetchone()
+    return bool(free)
 
 
 def unavailable(conn: Tx) -> set[str]:

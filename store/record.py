@@ -52,9 +52,9 @@ def open_record(
         }
         for seq, name in steps
     ]
-    conn.execute(
+    conn.executemany(
         "INSERT INTO records (run_id, state, opened_at, steps) VALUES (?, ?, ?, ?)",
-        (run_id, "RUNNING" if nodes else "QUEUED", now, json.dumps(body)),
+        [(run_id, "RUNNING" if nodes else "QUEUED", now, json.dumps(body))],
     )
 
 

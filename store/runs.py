@@ -81,7 +81,6 @@ def submit(
     steps: object,
     run_id: str | None,
     *,
-    now: float,
     lease_ttl: float,
     max_leases: int,
     fleets: nodes.Fleets,
@@ -100,12 +99,19 @@ def submit(
         run_id = uuid.uuid4().hex
     elif not isinstance(run_id, str) or not run_id.strip():
         raise InvalidRun(f"run_id must be a non-empty str or None, not {run_id!r}")
-    if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
+    # What the submit decides on, in one round trip.
+    taken, generation, free, last = conn.execute(
+        f"SELECT EXISTS (SELECT 1 FROM runs WHERE id = ?), {nodes.GENERATION},"
+        f" {nodes.ANY_FREE}, (SELECT MAX(created_at) FROM runs)",
+        (run_id,),
+    ).fetchone()
+    if taken:
         raise Conflict(f"run {run_id!r} exists already")
-    fleet = fleets.get(conn)
+    now = conn.now  # read with the statement above, on PostgreSQL
+    fleet = fleets.get(conn, generation)
     needs = [(s.seq, s.needs) for s in checked]
     placed = None
-    if lease_ttl and nodes.any_free(conn):
+    if lease_ttl and free:
         blocked = nodes.unavailable(conn)
         placed = match.place(needs, fleet.caps, blocked, max_leases)
         if placed is not None:
@@ -117,26 +123,37 @@ def submit(
                 placed = match.place(needs, fleet.caps, blocked | held, max_leases)
     if placed is None and not fleet.placeable(needs, max_leases):
         raise Unsatisfiable(_why_unsatisfiable(checked, fleet.caps, max_leases))
-    (last,) = conn.execute("SELECT MAX(created_at) FROM runs").fetchone()
     # created_at is strictly increasing in submit order, so FIFO never falls
     # back on the run ids, even when the clock stalls or steps back.
     created_at = now if last is None or now > last else math.nextafter(last, math.inf)
-    conn.execute(
+    # The writes need no answer: they go out with the COMMIT (a node lease
+    # taken meanwhile cannot be: the serial lock is held).
+    state = "RUNNING" if placed else "QUEUED"
+    conn.executemany(
         "INSERT INTO runs (id, state, created_at, started_at, warnings) VALUES (?, ?, ?, ?, ?)",
-        (
-            run_id,
-            "RUNNING" if placed else "QUEUED",
-            created_at,
-            now if placed else None,
-            json.dumps(warnings),
-        ),
+        [(run_id, state, created_at, now if placed else None, json.dumps(warnings))],
     )
-    insert_steps(conn, run_id, checked, {a.seq: a.node_id for a in placed or ()})
+    node_of = {a.seq: a.node_id for a in placed or ()}
+    insert_steps(conn, run_id, checked, node_of)
     assigned = record.label(placed, fleet.adverts) if placed else []
     if placed:
-        node_leases.issue(conn, run_id, {a.node_id for a in placed}, now + lease_ttl)
+        node_leases.issue(conn, run_id, set(node_of.values()), now + lease_ttl)
     record.open_record(conn, run_id, [(s.seq, s.name) for s in checked], assigned, now)
-    return get(conn, run_id)
+    # As get() would read it back.
+    return RunView(
+        run_id,
+        state,
+        None,
+        tuple(
+            StepView(s.seq, s.name, s.kind, s.needs, "PENDING", node_of.get(s.seq, ""))
+            for s in checked
+        ),
+        tuple(warnings),
+        created_at,
+        now if placed else None,
+        None,
+        tuple(assigned),
+    )
 
 
 def _why_unsatisfiable(

@@ -366,7 +366,6 @@ class Store:
                 tx,
                 steps,
                 run_id,
-                now=tx.now,
                 lease_ttl=self.lease_ttl,
                 max_leases=self.max_leases_per_run,
                 fleets=self._fleets,
