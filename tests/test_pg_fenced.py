@@ -6,6 +6,9 @@ only an engine with writers side by side can show.)"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +18,7 @@ import pytest
 
 import store
 from tests import pgserver
-from tests.helpers import TIMEOUT, eventually, fresh, raw
+from tests.helpers import TIMEOUT, ChildProcess, eventually, fresh, raw
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -129,3 +132,83 @@ def test_a_take_over_passes_over_a_job_a_stopped_writer_holds(url: str) -> None:
         job = b_db.find_job("a-job")
         assert job is not None
         assert [t.status for t in job.targets] == ["done", "pending"]
+
+
+#: A runner in a process of its own: submits one job of ``n`` targets
+#: named ``<name>-<i>`` (saying its id), fetches each at once, but the
+#: first only once told ``go`` on stdin; says ``done`` once the job ended.
+RUNNER = """
+import json, sys, threading
+import batch, store
+url, name, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+go = threading.Event()
+def fetch(ctx, caller, target):
+    if target.ref.endswith("-0"):
+        go.wait(60)
+    return {"by": name}
+with store.open(url) as db, batch.Runner(db, fetch, batch.Config(workers=2)) as runner:
+    job = runner.submit(batch.Caller("alice"), [f"{name}-{i}" for i in range(n)])
+    print(json.dumps({"submitted": job}), flush=True)
+    sys.stdin.readline()
+    go.set()
+    runner.wait(batch.Caller("alice"), job, timeout=60)
+    print(json.dumps({"done": job}), flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_two_runner_processes_commit_outcomes_of_their_jobs_side_by_side(
+    url: str, tmp_path: Path
+) -> None:
+    """Runner processes a and b on one database. a's batch is held inside
+    its transaction on the server (its job's targets locked by the test,
+    its job's row by the batch); meanwhile b commits the outcomes of its
+    own job, batch after batch: the two transactions overlap, as seen on
+    the server. Once a's batch goes on, every target of each job is stored
+    once, by the runner that held it."""
+    store.open(url).close()
+    a = ChildProcess("a", [sys.executable, "-c", RUNNER, url, "a", "4"], tmp_path / "a.err")
+    b = ChildProcess("b", [sys.executable, "-c", RUNNER, url, "b", "200"], tmp_path / "b.err")
+    try:
+        a_job, b_job = a.read("submitted")["submitted"], b.read("submitted")["submitted"]
+        held = HeldOnServer(url, a_job)
+        try:
+            a.send("go")
+            assert eventually(held.waiting), "a's batch never waited on the server"
+            [(began,)] = raw(url, _WAITING)
+            b.send("go")
+            assert b.read("done")["done"] == b_job
+            # b stored its every target while a's transaction stayed open.
+            assert raw(url, _WAITING) == [(began,)]
+            assert raw(url, "SELECT count(*) FROM targets WHERE job_id = ?", (b_job,)) == [(200,)]
+            assert _stored(url, b_job) == 200
+            assert _stored(url, a_job) <= 1  # the first batch of a, maybe, not its held one
+        finally:
+            held.release()
+        assert a.read("done")["done"] == a_job
+        for name, job in (("a", a_job), ("b", b_job)):
+            by = raw(
+                url, "SELECT result, count(*) FROM targets WHERE job_id = ? GROUP BY 1", (job,)
+            )
+            assert by == [
+                (json.dumps({"by": name}, separators=(",", ":")), 4 if name == "a" else 200)
+            ]
+    finally:
+        for child in (a, b):
+            with contextlib.suppress(OSError):
+                child.send("bye")
+            child.reap()
+
+
+#: When the transaction of the batch waiting on the server began.
+_WAITING = (
+    "SELECT xact_start FROM pg_stat_activity WHERE application_name = 'batch-store'"
+    " AND wait_event_type = 'Lock' AND xact_start IS NOT NULL"
+)
+
+
+def _stored(url: str, job_id: str) -> int:
+    (count,) = raw(
+        url, "SELECT count(*) FROM targets WHERE job_id = ? AND status = 'done'", (job_id,)
+    )[0]
+    return int(count)
