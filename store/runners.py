@@ -85,8 +85,10 @@ def beat(
     them is in flight: its outcome is still to be stored under the lease).
     """
     _give_back_stall(conn, now, lapse)
-    conn.execute(
-        "UPDATE runners SET heartbeat_at = ?, lapse = ? WHERE id = ?", (now, lapse, runner_id)
+    # Writes whose answer nothing waits for (``executemany``) go out with
+    # the next statement, on PostgreSQL (pipeline mode): no round trip each.
+    conn.executemany(
+        "UPDATE runners SET heartbeat_at = ?, lapse = ? WHERE id = ?", [(now, lapse, runner_id)]
     )
     held: dict[str, int] = {}
     ended: set[str] = set()
@@ -160,11 +162,13 @@ def _give_back_stall(conn: Tx, now: float, lapse: float) -> None:
     (last,) = conn.execute("SELECT beat_at FROM lease_clock").fetchone()
     gap = now - last
     if last and gap > lapse / 2:
-        conn.execute(
-            "UPDATE jobs SET lease_until = lease_until + ? WHERE lease_owner IS NOT NULL", (gap,)
+        conn.executemany(
+            "UPDATE jobs SET lease_until = lease_until + ? WHERE lease_owner IS NOT NULL", [(gap,)]
         )
-        conn.execute("UPDATE runners SET heartbeat_at = heartbeat_at + ? WHERE closed = 0", (gap,))
-    conn.execute("UPDATE lease_clock SET beat_at = ?", (now,))
+        conn.executemany(
+            "UPDATE runners SET heartbeat_at = heartbeat_at + ? WHERE closed = 0", [(gap,)]
+        )
+    conn.executemany("UPDATE lease_clock SET beat_at = ?", [(now,)])
 
 
 def _gone(conn: Tx, runner_id: str, now: float) -> tuple[list[str], list[str]]:
