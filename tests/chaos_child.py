@@ -28,14 +28,14 @@ once the jobs are submitted; ``{"stopping": t}`` (see ``arm``);
 
 - ``submit <size> <size> ...``: submit more jobs, of these sizes (their
   ``k`` going on from the last); says ``{"submitted": ids}``.
-- ``arm``: the next write transaction that stores outcomes stops this
-  process with SIGSTOP (every thread of it) right after the transaction's
-  first statement returns: on PostgreSQL, the round trip that begins it
-  (at commit 96e204d: takes the store's advisory write lock, reads the
-  clock and reads the jobs and targets it stores), so the process stops
-  *inside* an open write transaction. The signal goes to the writing
-  thread itself (``pthread_kill``), which so stops at once. It wraps
-  ``Store.store_targets`` (to know which writes store outcomes) and
+- ``arm``: the runner's next beat stops this process with SIGSTOP (every
+  thread of it) right after the beat's statement that locks the rows of
+  its jobs (the renewal, ``FOR UPDATE``) returns, so the process stops
+  *inside* an open write transaction holding its jobs' rows. (A batch of
+  outcomes cannot be stopped inside: on PostgreSQL it is one round trip
+  with its COMMIT.) The signal goes to the writing thread itself
+  (``pthread_kill``), which so stops at once. It wraps
+  ``Store.beat_runner`` (to know which writes are beats) and
   ``Store._db.write`` (to reach the transaction): the one place this
   script leans on the store's internals.
 - ``finish <timeout>``: stop probing, ``Runner.wait`` each job, note the
@@ -135,64 +135,49 @@ def main() -> None:
     armed = threading.Event()
     fired = threading.Event()
     local = threading.local()
-    real_store_targets = db.store_targets
+    real_beat = db.beat_runner
     real_write = db._db.write
 
-    def store_targets(outcomes: Any, **kwargs: Any) -> Any:
-        local.storing = len(outcomes)
+    def beat_runner(*args: Any, **kwargs: Any) -> Any:
+        local.beating = True
         try:
-            return real_store_targets(outcomes, **kwargs)
+            return real_beat(*args, **kwargs)
         finally:
-            local.storing = 0
+            local.beating = False
 
-    class StopAfterFirst:
+    class StopAfterLocking:
         """The transaction, stopping this process once its first statement
-        (``execute``, ``executemany``, or ``now``, which begins a write on
-        PostgreSQL) has returned."""
+        that locks rows (``FOR UPDATE``) has returned."""
 
-        def __init__(self, tx: Any, outcomes: int) -> None:
-            self._tx, self._outcomes, self._first = tx, outcomes, True
+        def __init__(self, tx: Any) -> None:
+            self._tx, self._first = tx, True
 
-        def _after(self) -> None:
-            if self._first:
+        def _after(self, sql: str) -> None:
+            if self._first and "FOR UPDATE" in sql:
                 self._first = False
                 t = time.time()
                 logging.getLogger("chaos").warning(
-                    "SIGSTOP inside a write transaction storing %d outcome(s), after its"
-                    " first statement",
-                    self._outcomes,
+                    "SIGSTOP inside a beat, after the statement that locks its jobs' rows"
                 )
                 sys.stderr.flush()
-                say(stopping=t, outcomes=self._outcomes)
+                say(stopping=t)
                 # To this thread: it stops before it runs another instruction
                 # (the whole process stops). os.kill would let another thread
                 # take the signal, and this one run on a while, even commit.
                 signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
                 logging.getLogger("chaos").warning("continued after SIGSTOP")
 
-        @property
-        def now(self) -> float:
-            now = float(self._tx.now)
-            self._after()
-            return now
-
         def execute(self, sql: str, args: Any = ()) -> Any:
             cur = self._tx.execute(sql, args)
-            self._after()
+            self._after(sql)
             return cur
-
-        def executemany(self, sql: str, rows: Any) -> Any:
-            done = self._tx.executemany(sql, rows)
-            self._after()
-            return done
 
         def __getattr__(self, name: str) -> Any:
             # Whatever else the engine's transaction offers, as it is.
             return getattr(self._tx, name)
 
     def write(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        outcomes = getattr(local, "storing", 0)
-        if outcomes and armed.is_set() and not fired.is_set():
+        if getattr(local, "beating", False) and armed.is_set() and not fired.is_set():
             fired.set()
             # Only the first try of the transaction stops (the engine may run it again).
             first = [True]
@@ -200,13 +185,13 @@ def main() -> None:
             def stopping(tx: Any) -> Any:
                 if first[0]:
                     first[0] = False
-                    return fn(StopAfterFirst(tx, outcomes))
+                    return fn(StopAfterLocking(tx))
                 return fn(tx)
 
             return real_write(stopping, *args, **kwargs)
         return real_write(fn, *args, **kwargs)
 
-    db.store_targets = store_targets  # type: ignore[method-assign]
+    db.beat_runner = beat_runner  # type: ignore[method-assign]
     db._db.write = write  # type: ignore[method-assign]
 
     # -- the runner and its jobs ------------------------------------------------------

@@ -13,7 +13,7 @@ Once the load has run a while, the test makes one fault:
 3. every session on the store's database ended (``pg_terminate_backend``)
    every 0.5 s for 5 s;
 4. the same every 0.1 s for 10 s;
-5. one runner stopped (SIGSTOP) *inside* a write transaction, for 4.5 s
+5. one runner stopped (SIGSTOP) *inside* a write transaction (a beat), for 4.5 s
    against a 2 s lease, then continued (SIGCONT);
 6. the same, then killed (SIGKILL) instead.
 
@@ -440,7 +440,8 @@ def finish(ld: Load) -> None:
 
 def check_store(ld: Load) -> None:
     """Every job done, every target stored once with the result of its own
-    fetch, each reported stored exactly once."""
+    fetch, each reported stored exactly once (but by a runner killed
+    between a commit and its hooks)."""
     submitted = {
         i: (kid.name, k, size)
         for kid in ld.kids.values()
@@ -450,12 +451,20 @@ def check_store(ld: Load) -> None:
     by = check_targets(ld, submitted)
     total = sum(size for _, _, size in submitted.values())
     reported = {kid.name: len(kid.stored()) for kid in ld.kids.values()}
-    if reported != {n: by.get(n, 0) for n in reported}:
+    # A runner SIGKILLed may have been killed between a commit and its
+    # hooks: the outcomes of that one batch (one a worker at most) are
+    # stored and never reported. Any other runner reports exactly what it
+    # stored.
+    killed = {kid.name for kid in ld.kids.values() if kid.proc.returncode == -signal.SIGKILL}
+    unreported = {n: by.get(n, 0) - reported[n] for n in reported}
+    if any(not 0 <= unreported[n] <= (WORKERS if n in killed else 0) for n in reported):
         ld.problem(
             f"the runners reported {reported} targets stored (by Hooks.target), and the"
             f" store holds {dict(by)} of their fetches: an outcome stored but reported"
             " lost, or reported twice"
         )
+    elif any(unreported.values()):
+        ld.note(f"killed between a commit and its hooks: {unreported} outcome(s) unreported")
     errors = {kid.name: Counter(kid.errors) for kid in ld.kids.values() if kid.errors}
     if errors:
         ld.problem(f"targets stored with an error (Hooks.target): {errors}")
@@ -694,12 +703,11 @@ def test_sessions_terminated_under_load(
 def test_a_runner_stopped_inside_a_write(
     tmp_path: Path, shared: pgserver.Server, then: str
 ) -> None:
-    """Runner B stops itself (SIGSTOP, every thread) right after the first
-    statement of a write transaction that stores outcomes (see ``arm`` in
+    """Runner B stops itself (SIGSTOP, every thread) inside a beat, right
+    after the statement that locks its jobs' rows (see ``arm`` in
     ``chaos_child.py``): its session stays open in that transaction,
-    holding what the statement took (at commit 96e204d: the advisory lock
-    every writer takes; row locks on the jobs it stores, where writers lock
-    rows). It stays stopped HOLD seconds, past its lease (LEASE), then is
+    holding those rows (at commit 96e204d it held the advisory lock every
+    writer took). It stays stopped HOLD seconds, past its lease (LEASE), then is
     continued or killed. Meanwhile A must go on storing (at least KEEPS of
     its rate before), and take every live job of B that B's open
     transaction does not hold before B is continued or killed; afterwards
@@ -717,8 +725,8 @@ def test_a_runner_stopped_inside_a_write(
         try:
             lock = holds_write_lock(url)
             ld.note(
-                f"b stopped in a write storing {stopping['outcomes']} outcome(s) (the advisory"
-                f" write lock held: {lock}); {sessions(url, dbname)}"
+                f"b stopped inside a beat, its jobs' rows locked (the advisory write lock"
+                f" held: {lock}); {sessions(url, dbname)}"
             )
 
             # b's live jobs, and those of them a has not taken though it could:
