@@ -122,6 +122,11 @@ class Database(abc.ABC):
         time (SQLite), every write is serial."""
 
     @abc.abstractmethod
+    def insert_targets(self, tx: Tx, jobs: Sequence[tuple[str, Sequence[str]]]) -> None:
+        """Insert the targets of new jobs (each an id and its refs), in
+        ``tx``, ``pending``: each engine its fastest way."""
+
+    @abc.abstractmethod
     def record_outcomes(
         self,
         tx: Tx,

@@ -27,6 +27,7 @@ __all__ = [
     "find_job",
     "find_targets",
     "get_job",
+    "insert_targets",
     "interrupt",
     "job_status",
     "list_jobs",
@@ -63,12 +64,13 @@ def create_jobs(
     leased: int | None = None,
     names: Sequence[str | None] | None = None,
 ) -> None:
-    """Store new jobs of ``owner`` (each an id and its refs, and its name in
-    ``names`` if given), in this order,
-    ``queued`` with every target ``pending``, submitted through the runner
-    ``runner_id`` (if any). Given ``lease_until``, the first ``leased`` of
-    them (None: all) are leased to that runner until then with token 1; the
-    others wait for a runner with room."""
+    """Store the rows of new jobs of ``owner`` (each an id and its refs, and
+    its name in ``names`` if given), in this order, ``queued``, submitted
+    through the runner ``runner_id`` (if any). Given ``lease_until``, the
+    first ``leased`` of them (None: all) are leased to that runner until
+    then with token 1; the others wait for a runner with room. Their
+    targets, ``pending``, are the engine's to insert
+    (``Database.insert_targets``), each its fastest way."""
     held = (
         0 if runner_id is None or lease_until is None else len(jobs) if leased is None else leased
     )
@@ -82,6 +84,11 @@ def create_jobs(
             for lease in [(runner_id, 1, lease_until) if k < held else (None, 0, None)]
         ],
     )
+
+
+def insert_targets(conn: Tx, jobs: Sequence[tuple[str, Sequence[str]]]) -> None:
+    """Insert the targets of new jobs, ``pending``, a statement per row
+    (``executemany``: a loop in C on SQLite)."""
     conn.executemany(
         "INSERT INTO targets (job_id, pos, ref) VALUES (?, ?, ?)",
         [(job_id, pos, ref) for job_id, refs in jobs for pos, ref in enumerate(refs)],

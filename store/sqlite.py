@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from .db import Database, Synchronous, Tx, check_not_newer, check_readable
 from .errors import Conflict, StoreError
+from .jobs import insert_targets
 from .outcomes import record
 from .schema import MIGRATIONS, VERSION
 from .shapes import Lease, Stored, TargetOutcome
@@ -152,6 +153,10 @@ class SQLiteDatabase(Database):
     def write(self, fn: Callable[[Tx], T], *, fenced: bool = False) -> T:
         with self.transaction() as conn:
             return fn(conn)
+
+    def insert_targets(self, tx: Tx, jobs: Sequence[tuple[str, Sequence[str]]]) -> None:
+        """A row at a time, in C."""
+        insert_targets(tx, jobs)
 
     def record_outcomes(
         self,

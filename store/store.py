@@ -132,6 +132,7 @@ class Store:
                 leased=leased,
                 names=names,
             )
+            self._db.insert_targets(tx, new)
             if until is None or (leased is not None and leased < len(new)):
                 self._db.notify(tx, WORK)
 

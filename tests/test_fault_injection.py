@@ -241,6 +241,9 @@ class FaultyDatabase(Database):
     def record_outcomes(self, tx: Tx, *args: Any) -> store.Stored:
         return self.inner.record_outcomes(tx, *args)
 
+    def insert_targets(self, tx: Tx, *args: Any) -> None:
+        self.inner.insert_targets(tx, *args)
+
     def close(self) -> None:
         self.inner.close()
 
