@@ -219,12 +219,21 @@ CREATE FUNCTION store_record(
     OUT verdicts TEXT[], OUT seen TEXT[], OUT evicted TEXT[]
 ) LANGUAGE plpgsql AS $$
 DECLARE
-    added BIGINT;
-    total BIGINT;
-    kept  BIGINT;
-    gone  RECORD;
+    j_id     TEXT[];
+    j_status TEXT[];
+    j_owner  TEXT[];
+    j_token  BIGINT[];
+    added    BIGINT;
+    total    BIGINT;
+    kept     BIGINT;
+    gone     RECORD;
 BEGIN
-    PERFORM 1 FROM jobs WHERE id = ANY (o_job || s_job) ORDER BY id FOR UPDATE;
+    -- The jobs decided on, locked in id order and read in one statement.
+    SELECT coalesce(array_agg(l.id), '{}'), coalesce(array_agg(l.status), '{}'),
+           coalesce(array_agg(l.lease_owner), '{}'), coalesce(array_agg(l.lease_token), '{}')
+      INTO j_id, j_status, j_owner, j_token
+      FROM (SELECT id, status, lease_owner, lease_token FROM jobs
+             WHERE id = ANY (o_job || s_job) ORDER BY id FOR UPDATE) l;
 
     SELECT coalesce(array_agg(d.verdict ORDER BY d.ord), '{}'),
            coalesce(array_agg(d.status ORDER BY d.ord), '{}')
@@ -243,7 +252,8 @@ BEGIN
                                    AND j.status NOT IN ('queued', 'running')), false) AS holds
                       FROM unnest(o_job, o_pos, o_owner, o_token)
                            WITH ORDINALITY AS o (job, pos, owner, token, ord)
-                      LEFT JOIN jobs j ON j.id = o.job
+                      LEFT JOIN unnest(j_id, j_status, j_owner, j_token)
+                           AS j (id, status, lease_owner, lease_token) ON j.id = o.job
                       LEFT JOIN targets t ON t.job_id = o.job AND t.pos = o.pos) c) d;
 
     UPDATE targets t
@@ -266,7 +276,8 @@ BEGIN
         UNION ALL
         SELECT s.job, 0, 0, 0, true, NULL
           FROM unnest(s_job, s_owner, s_token) AS s (job, owner, token)
-          JOIN jobs j ON j.id = s.job
+          JOIN unnest(j_id, j_status, j_owner, j_token)
+               AS j (id, status, lease_owner, lease_token) ON j.id = s.job
          WHERE j.status = 'queued'
            AND (s.owner IS NULL OR (j.lease_owner = s.owner AND j.lease_token = s.token))
     ), by_job AS (
