@@ -217,7 +217,12 @@ CREATE FUNCTION store_record(
     s_job TEXT[], s_owner TEXT[], s_token BIGINT[],
     max_bytes BIGINT, evict_lock BIGINT, my_slot INTEGER, at DOUBLE PRECISION,
     OUT verdicts TEXT[], OUT seen TEXT[], OUT evicted TEXT[]
-) LANGUAGE plpgsql AS $$
+) LANGUAGE plpgsql
+  -- Each statement planned once per session: planning it anew for each
+  -- batch (the default, while a custom plan seems cheaper) cost more than
+  -- running it.
+  SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     j_id     TEXT[];
     j_status TEXT[];
