@@ -456,10 +456,17 @@ class _Tx:
             return self._conn.execute(query, _args(args, numbered))
         return self._start(query, args, numbered)
 
-    def _start(self, query: str, args: Sequence[Any] = (), numbered: bool = False) -> Cursor:
-        """Begin, and run ``query`` (if any) in the same round trip; the
-        cursor is left at the query's rows."""
-        head, head_args = self._begin or (_BEGIN_READ, ())
+    def _start(
+        self,
+        query: str,
+        args: Sequence[Any] = (),
+        numbered: bool = False,
+        begin: tuple[str, tuple[object, ...]] | None = None,
+    ) -> Cursor:
+        """Begin (as ``begin`` says, else as the transaction does), and run
+        ``query`` (if any) in the same round trip; the cursor is left at the
+        query's rows."""
+        head, head_args = begin or self._begin or (_BEGIN_READ, ())
         head = self._db.timed(head)
         if numbered:
             head, named = _named(head, len(head_args))
@@ -519,16 +526,25 @@ class _Tx:
         # Bound here, so that a value the server cannot take fails before
         # anything is sent: once the COMMIT is, a failure is judged unsure.
         text = psycopg.ClientCursor(self._conn).mogrify(query, _args(args, numbered))
-        text = (
-            f"WITH answered AS ({text}), kept AS (UPDATE store_commits SET answer ="
-            f" (SELECT json_agg(r) FROM answered r) WHERE conn = '{self._mark.key}')"
-            " SELECT * FROM answered; COMMIT"
-        )
+        answer = "(SELECT json_agg(r) FROM answered r)"
+        if self.begun:  # the mark is left: the answer joins it
+            kept = f"UPDATE store_commits SET answer = {answer} WHERE conn = '{self._mark.key}'"
+        else:  # the mark is left here, with the answer: one write of it
+            kept = (
+                "INSERT INTO store_commits (conn, token, at, answer) VALUES"
+                f" ('{self._mark.key}', {self._mark.token:d}, {SERVER_TIME}, {answer})"
+                " ON CONFLICT (conn) DO UPDATE SET token = excluded.token,"
+                " at = excluded.at, answer = excluded.answer"
+            )
+        text = f"WITH answered AS ({text}), kept AS ({kept}) SELECT * FROM answered; COMMIT"
         self.committing = True
         try:
             if self.begun:
                 return self._conn.execute(text)
-            return self._start(text.replace("%", "%%"))
+            assert self._begin is not None and self._begin[0].endswith(f"; {_MARK}")
+            head, head_args = self._begin
+            unmarked = (head.removesuffix(f"; {_MARK}"), head_args[:-2])
+            return self._start(text.replace("%", "%%"), begin=unmarked)
         except psycopg.Error as e:
             if not (_lost(self._conn, e) or e.sqlstate is None):
                 raise  # the server's own answer: it did not commit
