@@ -45,10 +45,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import logging
 import re
-import secrets
 import threading
 import time
 import urllib.parse
@@ -133,6 +133,10 @@ _MARK = (
 )
 _BEGIN_SERIAL = f"{_BEGIN_LOCKED}; {_MARK}"
 _BEGIN_FENCED = f"BEGIN; {_CLOCK}; {_MARK}"
+#: The tokens of marks: a mark's token differs from every earlier one on
+#: its connection (whose key no other process shares). A counter, not a
+#: random draw: it costs no system call per transaction.
+_TOKENS = itertools.count(1)
 #: Seconds a connection's mark is kept after its last write (pruned at open).
 MARKS_KEPT = 86_400.0
 #: A read sees one snapshot throughout, and may not write.
@@ -887,7 +891,7 @@ class PostgresDatabase(Database):
         answer was lost but its mark says it committed; else the store's
         error."""
         key, since = self._key(conn)
-        mark = _Mark(key, secrets.randbits(62), conn.info.backend_pid, since, deadline)
+        mark = _Mark(key, next(_TOKENS), conn.info.backend_pid, since, deadline)
         begin: tuple[str, tuple[object, ...]] | None = None
         if write:
             begin = (
