@@ -59,7 +59,11 @@ def retire(conn: Tx, runner_id: str) -> None:
     """The runner closed: it holds no lease any more, so the next runner with
     room takes its live jobs at once."""
     conn.execute("UPDATE runners SET closed = 1 WHERE id = ?", (runner_id,))
-    conn.execute("UPDATE jobs SET lease_owner = NULL WHERE lease_owner = ?", (runner_id,))
+    conn.execute(
+        "UPDATE jobs SET lease_owner = NULL WHERE id IN (SELECT id FROM jobs"
+        f" WHERE lease_owner = ? ORDER BY id{conn.locking()})",
+        (runner_id,),
+    )
 
 
 def beat(
@@ -162,8 +166,11 @@ def _give_back_stall(conn: Tx, now: float, lapse: float) -> None:
     (last,) = conn.execute("SELECT beat_at FROM lease_clock").fetchone()
     gap = now - last
     if last and gap > lapse / 2:
+        # In id order, as every writer locks jobs: two never wait in a circle.
         conn.executemany(
-            "UPDATE jobs SET lease_until = lease_until + ? WHERE lease_owner IS NOT NULL", [(gap,)]
+            "UPDATE jobs SET lease_until = lease_until + ? WHERE id IN (SELECT id FROM jobs"
+            f" WHERE lease_owner IS NOT NULL ORDER BY id{conn.locking()})",
+            [(gap,)],
         )
         conn.executemany(
             "UPDATE runners SET heartbeat_at = heartbeat_at + ? WHERE closed = 0", [(gap,)]
