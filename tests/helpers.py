@@ -123,6 +123,40 @@ def raw(location: str, sql: str, args: tuple[object, ...] = ()) -> list[tuple[An
         conn.close()
 
 
+class HeldOnServer:
+    """Holds the targets of one job from a connection of its own (on
+    PostgreSQL), so that a batch storing one of them stops on the server
+    inside its transaction, the job's row locked by it, as a batch does
+    whose session is slow or stopped (a client cannot stop inside a batch:
+    the batch is one round trip with its COMMIT)."""
+
+    def __init__(self, url: str, job_id: str) -> None:
+        self._url = url
+        self._conn = psycopg.connect(url, autocommit=False)
+        self._conn.execute("SELECT 1 FROM targets WHERE job_id = %s FOR UPDATE", (job_id,))
+
+    def waiters(self) -> list[tuple[int, Any]]:
+        """The store's sessions waiting on a lock now: each one's server
+        process and when its transaction began."""
+        return [
+            (int(pid), began)
+            for pid, began in raw(
+                self._url,
+                "SELECT pid, xact_start FROM pg_stat_activity"
+                " WHERE application_name = 'batch-store' AND wait_event_type = 'Lock'"
+                " AND xact_start IS NOT NULL",
+            )
+        ]
+
+    def waiting(self) -> bool:
+        """Whether one batch waits there now."""
+        return len(self.waiters()) == 1
+
+    def release(self) -> None:
+        self._conn.rollback()
+        self._conn.close()
+
+
 def hold_write_lock(location: str, seconds: float) -> tuple[float, float]:
     """Hold the store's write lock for ``seconds`` from another connection
     (what a stuck or slow process does to every runner): SQLite's file lock,

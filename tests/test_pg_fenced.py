@@ -13,12 +13,11 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 import store
 from tests import pgserver
-from tests.helpers import TIMEOUT, ChildProcess, eventually, fresh, raw
+from tests.helpers import TIMEOUT, ChildProcess, HeldOnServer, eventually, fresh, raw
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,32 +28,6 @@ def url(pg_server: pgserver.Server | None, tmp_path: Path) -> Iterator[str]:
         pytest.skip("no PostgreSQL server here")
     with fresh("postgres", tmp_path, pg_server) as where:
         yield where
-
-
-class HeldOnServer:
-    """Holds the targets of one job from a connection of its own, so that
-    a batch storing one of them stops on the server inside its
-    transaction, the job's row locked by it, as a batch does whose
-    session is slow or stopped (a client cannot stop inside a batch: the
-    batch is one round trip with its COMMIT). ``waiting()`` is whether such
-    a batch waits there now."""
-
-    def __init__(self, url: str, job_id: str) -> None:
-        self._url = url
-        self._conn = psycopg.connect(url, autocommit=False)
-        self._conn.execute("SELECT 1 FROM targets WHERE job_id = %s FOR UPDATE", (job_id,))
-
-    def waiting(self) -> bool:
-        (count,) = raw(
-            self._url,
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'batch-store'"
-            " AND wait_event_type = 'Lock' AND xact_start IS NOT NULL",
-        )[0]
-        return bool(count == 1)
-
-    def release(self) -> None:
-        self._conn.rollback()
-        self._conn.close()
 
 
 def _outcome(job_id: str, pos: int, owner: str) -> store.TargetOutcome:
@@ -175,11 +148,11 @@ def test_two_runner_processes_commit_outcomes_of_their_jobs_side_by_side(
         try:
             a.send("go")
             assert eventually(held.waiting), "a's batch never waited on the server"
-            [(began,)] = raw(url, _WAITING)
+            [(_, began)] = held.waiters()
             b.send("go")
             assert b.read("done")["done"] == b_job
             # b stored its every target while a's transaction stayed open.
-            assert raw(url, _WAITING) == [(began,)]
+            assert [start for _, start in held.waiters()] == [began]
             assert raw(url, "SELECT count(*) FROM targets WHERE job_id = ?", (b_job,)) == [(200,)]
             assert _stored(url, b_job) == 200
             assert _stored(url, a_job) <= 1  # the first batch of a, maybe, not its held one
@@ -198,13 +171,6 @@ def test_two_runner_processes_commit_outcomes_of_their_jobs_side_by_side(
             with contextlib.suppress(OSError):
                 child.send("bye")
             child.reap()
-
-
-#: When the transaction of the batch waiting on the server began.
-_WAITING = (
-    "SELECT xact_start FROM pg_stat_activity WHERE application_name = 'batch-store'"
-    " AND wait_event_type = 'Lock' AND xact_start IS NOT NULL"
-)
 
 
 def _stored(url: str, job_id: str) -> int:

@@ -21,7 +21,7 @@ import batch.keeper
 import store
 import store.postgres
 from tests import pgserver
-from tests.helpers import TIMEOUT, Raw, Script, eventually, fresh, raw, within
+from tests.helpers import TIMEOUT, HeldOnServer, Raw, Script, eventually, fresh, raw, within
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -309,8 +309,7 @@ def test_a_connection_killed_inside_a_batch_stores_it_once(url: str) -> None:
     with store.open(url) as db:
         db.register_runner("a", 30.0)
         db.create_jobs("alice", [("j", ["x", "y"])], "a", lease_for=30.0)
-        holder = psycopg.connect(url)
-        holder.execute("SELECT 1 FROM targets WHERE job_id = 'j' FOR UPDATE")
+        held = HeldOnServer(url, "j")
         got: list[store.Stored] = []
         outcomes = [
             store.TargetOutcome("j", pos, "done", result='"v"', lease=store.Lease("a", 1))
@@ -318,19 +317,14 @@ def test_a_connection_killed_inside_a_batch_stores_it_once(url: str) -> None:
         ]
         writer = threading.Thread(target=lambda: got.append(db.store_targets(outcomes)))
         writer.start()
-        waiting = (
-            "SELECT pid FROM pg_stat_activity WHERE application_name = 'batch-store'"
-            " AND wait_event_type = 'Lock'"
-        )
         try:
-            assert eventually(lambda: len(raw(url, waiting)) == 1)
-            [(pid,)] = raw(url, waiting)
+            assert eventually(held.waiting)
+            [(pid, _)] = held.waiters()
             assert raw(url, "SELECT pg_terminate_backend(?)", (pid,)) == [(True,)]
             # Run again, it waits on the row again, on another session.
-            assert eventually(lambda: [p for (p,) in raw(url, waiting)] not in ([], [pid]))
+            assert eventually(lambda: [p for p, _ in held.waiters()] not in ([], [pid]))
         finally:
-            holder.rollback()
-            holder.close()
+            held.release()
         writer.join(TIMEOUT)
         assert got and got[0].refused == {}
         job = db.get_job("j", "alice")
