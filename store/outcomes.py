@@ -106,7 +106,7 @@ def record(
         ([], 0) if max_bytes is None else evict_past(conn, max_bytes, total + added_bytes)
     )
     add_bytes(conn, added_bytes - freed)
-    return _stored(outcomes, verdicts, statuses, evicted)
+    return _stored(outcomes, verdicts, statuses, ending, evicted)
 
 
 def _lock(conn: Tx, job_ids: Sequence[str]) -> None:
@@ -177,10 +177,12 @@ def _stored(
     outcomes: Sequence[TargetOutcome],
     verdicts: Sequence[Verdict],
     statuses: Sequence[str | None],
+    ending: Sequence[int],
     evicted: list[str],
 ) -> Stored:
-    """What came of the batch, from each outcome's verdict and the status
-    its job had when the batch decided."""
+    """What came of the batch, from each outcome's verdict, the status its
+    job had when the batch decided, and the outcomes that ended their job
+    (:func:`_ending`)."""
     refused: dict[int, NotFound | Conflict] = {}
     for i, (o, verdict) in enumerate(zip(outcomes, verdicts, strict=True)):
         if verdict == "gone":
@@ -192,7 +194,7 @@ def _stored(
             refused[i] = Conflict(f"target {o.pos} of job {o.job_id!r} is not pending")
     return Stored(
         refused,
-        frozenset(_ending(outcomes, verdicts, statuses)),
+        frozenset(ending),
         evicted,
         frozenset(
             i
@@ -345,31 +347,57 @@ def record_on_server(
     transaction's last statement (``Tx.finish``: its COMMIT goes with it).
     ``evict_lock`` is the key of the lock eviction tries; ``now`` the SQL
     of the transaction's time."""
-    leases = [lease_args(o.lease) for o in outcomes]
-    starts = [lease_args(lease) for _, lease in starting]
+    # The batch as columns: one array per argument, each read in one pass.
+    (job, pos, status, result, error, hint, nbytes, end, owner, token) = _columns(
+        [
+            (
+                o.job_id,
+                o.pos,
+                o.status,
+                o.result,
+                o.error,
+                o.hint,
+                o.nbytes,
+                o.job_status,
+                *lease_args(o.lease),
+            )
+            for o in outcomes
+        ],
+        10,
+    )
+    s_job, s_owner, s_token = _columns(
+        [(job_id, *lease_args(lease)) for job_id, lease in starting], 3
+    )
     row = conn.finish(
         "SELECT verdicts, seen, evicted FROM store_record("
         "?::text[], ?::integer[], ?::text[], ?::text[], ?::text[], ?::text[], ?::bigint[],"
         " ?::text[], ?::text[], ?::bigint[], ?::text[], ?::text[], ?::bigint[],"
         f" ?, ?, ?, {now})",
         (
-            [o.job_id for o in outcomes],
-            [o.pos for o in outcomes],
-            [o.status for o in outcomes],
-            [o.result for o in outcomes],
-            [o.error for o in outcomes],
-            [o.hint for o in outcomes],
-            [o.nbytes for o in outcomes],
-            [o.job_status for o in outcomes],
-            [owner for owner, _ in leases],
-            [token for _, token in leases],
-            [job_id for job_id, _ in starting],
-            [owner for owner, _ in starts],
-            [token for _, token in starts],
+            job,
+            pos,
+            status,
+            result,
+            error,
+            hint,
+            nbytes,
+            end,
+            owner,
+            token,
+            s_job,
+            s_owner,
+            s_token,
             max_bytes,
             evict_lock,
             byte_slot(),
         ),
     ).fetchone()
     verdicts, statuses, evicted = row
-    return _stored(outcomes, verdicts, statuses, list(evicted))
+    return _stored(
+        outcomes, verdicts, statuses, _ending(outcomes, verdicts, statuses), list(evicted)
+    )
+
+
+def _columns(rows: Sequence[tuple[object, ...]], width: int) -> list[list[object]]:
+    """These rows of ``width`` values as that many columns."""
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * width
