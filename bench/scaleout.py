@@ -38,7 +38,7 @@ QUICK = Shape(workers=32, latency=0.025, jobs=64, per_job=10)
 #: last target was stored.
 RUNNER = """
 import sys, time
-from bench.workload import CALLER, open_runner
+from bench.workload import CALLER, begin_at, open_runner
 url, name = sys.argv[1], sys.argv[2]
 workers, jobs, per_job = map(int, sys.argv[3:6])
 latency, start_at = float(sys.argv[6]), float(sys.argv[7])
@@ -49,8 +49,7 @@ def fetch(ctx, caller, target):
 
 work = [[f"{name}-{j}-{i}" for i in range(per_job)] for j in range(jobs)]
 with open_runner(url, fetch, workers=workers, max_targets=per_job) as (runner, tally):
-    while time.time() < start_at:
-        time.sleep(0.001)  # allow-sleep: every process begins at one moment
+    begin_at(start_at)
     for job in work:
         runner.submit(CALLER, job)
     tally.wait_stored(jobs * per_job)
@@ -63,6 +62,7 @@ NAIVE = """
 import json, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 import psycopg
+from bench.workload import begin_at
 url, name = sys.argv[1], sys.argv[2]
 workers, jobs, per_job = map(int, sys.argv[3:6])
 latency, start_at = float(sys.argv[6]), float(sys.argv[7])
@@ -84,8 +84,7 @@ def task(ref):
 
 refs = [f"{name}-{j}-{i}" for j in range(jobs) for i in range(per_job)]
 with ThreadPoolExecutor(workers) as pool:
-    while time.time() < start_at:
-        time.sleep(0.001)  # allow-sleep: every process begins at one moment
+    begin_at(start_at)
     for ref in refs:
         pool.submit(task, ref)
 print(time.time())

@@ -294,12 +294,11 @@ def executor_pg_rate(sizes: Sizes) -> float:
 #: a start time given, and the time its last target was stored.
 PROCESS = """
 import sys, time
-from bench.workload import CALLER, echo, open_runner, refs
+from bench.workload import CALLER, begin_at, echo, open_runner, refs
 url, first, jobs, per_job, start_at = sys.argv[1], *map(int, sys.argv[2:5]), float(sys.argv[5])
 work = [refs(j, per_job) for j in range(first, first + jobs)]
 with open_runner(url, echo, max_targets=per_job) as (runner, tally):
-    while time.time() < start_at:
-        time.sleep(0.001)  # allow-sleep: every process begins at one moment
+    begin_at(start_at)
     for job in work:
         runner.submit(CALLER, job)
     tally.wait_stored(jobs * per_job)

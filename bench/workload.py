@@ -178,6 +178,13 @@ def drain_rate(
 SETTLE = 2.0
 
 
+def begin_at(when: float) -> None:
+    """In a process of :func:`together`: wait until ``time.time()`` reaches
+    ``when``, the moment every process begins."""
+    while time.time() < when:
+        time.sleep(0.001)  # allow-sleep: every process begins at one moment
+
+
 def together(child: str, argvs: Sequence[Sequence[str]]) -> float:
     """Run a process of Python code ``child`` per argument list, all
     beginning their work at one moment (passed as their last argument, a
