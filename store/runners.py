@@ -16,7 +16,10 @@ safe):
 2. Lapse is counted in time the store could be written: a beat that finds
    the previous beat (by any runner) further back than half a lease knows
    every runner was blocked meanwhile, and adds that time to every lease.
-   A stall that blocked every runner costs no live runner its jobs.
+   One beat at a time keeps that clock, and only it takes a lease by its
+   lapse or judges a runner silent: the others may not yet see the time it
+   gives back. A stall that blocked every runner costs no live runner its
+   jobs.
 3. A job no runner holds (``lease_owner`` NULL: waiting for room, or left
    by a runner that closed) is taken in submit order.
 
@@ -88,7 +91,10 @@ def beat(
     that is terminal is released, but for the jobs in ``keep`` (a target of
     them is in flight: its outcome is still to be stored under the lease).
     """
-    _give_back_stall(conn, now, lapse)
+    # Only the beat that keeps the clock takes a lease by its expiry: the
+    # beat that keeps it may be giving a stall back to that very lease in a
+    # transaction not yet committed (guarantee 2).
+    clock = _give_back_stall(conn, now, lapse)
     # Writes whose answer nothing waits for (``executemany``) go out with
     # the next statement, on PostgreSQL (pipeline mode): no round trip each.
     conn.executemany(
@@ -114,19 +120,23 @@ def beat(
         else:
             ended.add(job_id)
     ended_runners, silent = _gone(conn, runner_id, now)
+    if not clock:
+        silent = []  # as with a lapsed lease: the stall may be given back
     # A lease is free once lapsed by its own expiry, or once its owner closed
     # or died; a waiting job is an orphan once the runner it was submitted
     # through is gone, silent runners included.
     dead, dead_args = in_list("lease_owner", ended_runners)
     gone, gone_args = in_list("runner_id", ended_runners + silent)
-    free = f"(lease_owner IS NULL OR lease_until < ? OR {dead})"
+    lapsed = " OR lease_until < ?" if clock else ""
+    free = f"(lease_owner IS NULL OR {dead}{lapsed})"
+    free_args = (*dead_args, *((now,) if clock else ()))
     ids: list[str] = []
     if room is None or room > 0:
         home = "" if foreign else " AND runner_id = ?"
         taken = _ids(
             conn,
             f"{free}{home}",
-            (now, *dead_args, *(() if foreign else (runner_id,))),
+            (*free_args, *(() if foreign else (runner_id,))),
             NO_LIMIT if room is None else room,
         )
         ids += [job_id for _, job_id in taken]
@@ -134,11 +144,9 @@ def beat(
         # Two looks, each down the index of its runner ids: one "IS NULL OR
         # IN (...)" would walk every waiting job, however many (a million
         # waiting behind max_live took 0.1 s a beat).
-        orphans = _ids(conn, f"{free} AND runner_id IS NULL", (now, *dead_args), ORPHANS_PER_BEAT)
+        orphans = _ids(conn, f"{free} AND runner_id IS NULL", free_args, ORPHANS_PER_BEAT)
         if gone_args:
-            orphans += _ids(
-                conn, f"{free} AND {gone}", (now, *dead_args, *gone_args), ORPHANS_PER_BEAT
-            )
+            orphans += _ids(conn, f"{free} AND {gone}", (*free_args, *gone_args), ORPHANS_PER_BEAT)
         ids += [job_id for _, job_id in sorted(orphans)[:ORPHANS_PER_BEAT]]
     return Beat(held, frozenset(ended), _lease(conn, runner_id, ids, now + lapse))
 
@@ -154,15 +162,15 @@ def halted(conn: Tx, runner_id: str) -> list[str]:
     ]
 
 
-def _give_back_stall(conn: Tx, now: float, lapse: float) -> None:
+def _give_back_stall(conn: Tx, now: float, lapse: float) -> bool:
     """Add to every lease the time since the last beat, if that is more than
     half a lease: no runner could beat meanwhile (runners beat three times a
     lease), so the store could not be written (guarantee 2).
 
     One beat at a time keeps the clock; a beat that finds another at it
-    skips it (that one moves the clock on)."""
+    skips it (that one moves the clock on) and returns False."""
     if not conn.try_lock("clock"):
-        return
+        return False
     (last,) = conn.execute("SELECT beat_at FROM lease_clock").fetchone()
     gap = now - last
     if last and gap > lapse / 2:
@@ -176,6 +184,7 @@ def _give_back_stall(conn: Tx, now: float, lapse: float) -> None:
             "UPDATE runners SET heartbeat_at = heartbeat_at + ? WHERE closed = 0", [(gap,)]
         )
     conn.executemany("UPDATE lease_clock SET beat_at = ?", [(now,)])
+    return True
 
 
 def _gone(conn: Tx, runner_id: str, now: float) -> tuple[list[str], list[str]]:

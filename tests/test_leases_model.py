@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from unittest import mock
 
+import psycopg
 import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -45,6 +46,7 @@ from hypothesis.stateful import (
 
 import store
 from store import Conflict, Lease, TargetOutcome, ended_status
+from store.postgres import TRY_LOCKS
 from tests.helpers import Clock, Raw, raw, store_clock
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -803,6 +805,37 @@ def test_a_stall_gives_the_time_back(db: store.Store, clock: Clock) -> None:
     clock.tick(LAPSE / 2)
     assert db.beat_runner("a", LAPSE) == store.Beat({"j": 1}, frozenset(), [])
     assert db.store_targets([done("j", 0, Lease("a", 1))]).refused == {}
+
+
+def test_a_beat_that_finds_the_clock_kept_takes_nothing_by_lapse(
+    db: store.Store, clock: Clock, location: str
+) -> None:
+    """On PostgreSQL beats commit side by side, and one at a time keeps the
+    clock: a beat that finds it kept may be racing the very give-back that
+    saves a lease. It takes no job whose lease lapsed, nor a waiting job of
+    a runner silent for a lease; the next beat keeps the clock and gives the
+    stall back, and nobody lost a job."""
+    if not location.startswith("postgresql://"):
+        pytest.skip("one writer at a time: every beat keeps the clock")
+    db.register_runner("a", LAPSE)
+    db.register_runner("b", LAPSE)
+    db.create_job("held", "alice", ["x"], "a", lease_for=LAPSE)
+    db.create_job("waiting", "alice", ["y"], "a")
+    start = clock.now
+    db.beat_runner("b", LAPSE)
+    clock.tick(3 * LAPSE)  # nobody beats: a stall
+    with psycopg.connect(location, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", (TRY_LOCKS["clock"],))
+        # Both jobs look orphaned to it: "a" lapsed and is silent.
+        assert db.beat_runner("b", LAPSE).taken == []
+    assert db.beat_runner("b", LAPSE).taken == []
+    assert lease_of(db, "held") == ("a", 1, start + LAPSE + 3 * LAPSE)
+    assert db.get_job("waiting", "alice").status == "queued"  # type: ignore[union-attr]
+    got = db.beat_runner("a", LAPSE)
+    assert (got.held, [(row.id, token) for row, token in got.taken]) == (
+        {"held": 1},
+        [("waiting", 1)],
+    )
 
 
 def test_a_lapse_while_another_beats_lets_it_take_over(db: store.Store, clock: Clock) -> None:
