@@ -19,7 +19,7 @@ from .errors import StoreError
 from .schema import VERSION
 
 if TYPE_CHECKING:
-    from .shapes import Lease, Stored, TargetOutcome
+    from .shapes import Lease, NewRun, Stored, TargetOutcome
 
 __all__ = [
     "CANCELLED",
@@ -137,6 +137,17 @@ class Database(abc.ABC):
         """Store a batch of target outcomes in ``tx`` (a fenced write), as
         its last statements: each engine its fastest way, one meaning for
         both (``store.outcomes``)."""
+
+    #: Whether :meth:`queue_run` queues a run in one round trip: an engine
+    #: whose round trips cost (SQLite has none to save: a submit is one
+    #: transaction of a few statements in the process).
+    queues_runs = False
+
+    def queue_run(self, tx: Tx, new: NewRun) -> tuple[str, float]:
+        """Queue the run ``new`` in ``tx`` (a serial write), as its only
+        statement, if it is to wait (``store.runs.queue``); its verdict and
+        when it was created. Only where :attr:`queues_runs`."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def read(self, fn: Callable[[Tx], T]) -> T:

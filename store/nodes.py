@@ -83,6 +83,12 @@ class Fleets:
     def __init__(self) -> None:
         self._fleet: Fleet | None = None
 
+    @property
+    def last(self) -> Fleet | None:
+        """The fleet read last, if any: as of its generation, which may be
+        stale by now."""
+        return self._fleet
+
     def get(self, conn: Tx, generation: int | None = None) -> Fleet:
         """The nodes as ``conn``'s transaction sees them, given their
         ``generation`` if the caller read it (:data:`GENERATION`)."""

@@ -41,20 +41,28 @@ def open_record(
 ) -> None:
     """Open the Record of a new run: its steps (``(seq, name)``), PENDING,
     with their nodes if the run is placed already."""
-    nodes = {a.seq: a for a in assigned}
-    body = [
-        {
-            "seq": seq,
-            "name": name,
-            "node_id": nodes[seq].node_id if seq in nodes else "",
-            "node_name": nodes[seq].node_name if seq in nodes else "",
-            "state": "PENDING",
-        }
-        for seq, name in steps
-    ]
+    assigned = list(assigned)
     conn.executemany(
         "INSERT INTO records (run_id, state, opened_at, steps) VALUES (?, ?, ?, ?)",
-        [(run_id, "RUNNING" if nodes else "QUEUED", now, json.dumps(body))],
+        [(run_id, "RUNNING" if assigned else "QUEUED", now, opening(steps, assigned))],
+    )
+
+
+def opening(steps: Iterable[tuple[int, str]], assigned: Iterable[Assigned]) -> str:
+    """The steps of a new run's Record, as JSON: each PENDING, with its node
+    if the run is placed already."""
+    nodes = {a.seq: a for a in assigned}
+    return json.dumps(
+        [
+            {
+                "seq": seq,
+                "name": name,
+                "node_id": nodes[seq].node_id if seq in nodes else "",
+                "node_name": nodes[seq].node_name if seq in nodes else "",
+                "state": "PENDING",
+            }
+            for seq, name in steps
+        ]
     )
 
 

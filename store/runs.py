@@ -14,11 +14,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from . import match, node_leases, nodes, record, waiting
-from .db import Tx
+from .db import Database, Tx
 from .errors import Conflict, InvalidRun, NotFound, Unsatisfiable
-from .shapes import Assigned, Claim, RunView, Step, StepView
+from .shapes import Assigned, Claim, NewRun, RunView, Step, StepView
 
 __all__ = [
+    "QUEUE_FUNCTION",
     "CheckedStep",
     "cancel",
     "check_steps",
@@ -28,6 +29,8 @@ __all__ = [
     "heartbeat",
     "insert_steps",
     "list_ids",
+    "queue",
+    "queue_on_server",
     "reap",
     "report",
     "submit",
@@ -95,10 +98,7 @@ def submit(
     ``InvalidRun`` (checked first), ``Conflict`` for a run id in use, and
     ``Unsatisfiable`` if no placement exists even with every node free."""
     checked, warnings = check_steps(steps)
-    if run_id is None:
-        run_id = uuid.uuid4().hex
-    elif not isinstance(run_id, str) or not run_id.strip():
-        raise InvalidRun(f"run_id must be a non-empty str or None, not {run_id!r}")
+    run_id = _new_id(run_id)
     # What the submit decides on, in one round trip.
     taken, generation, free, last = conn.execute(
         f"SELECT EXISTS (SELECT 1 FROM runs WHERE id = ?), {nodes.GENERATION},"
@@ -139,21 +139,159 @@ def submit(
     if placed:
         node_leases.issue(conn, run_id, set(node_of.values()), now + lease_ttl)
     record.open_record(conn, run_id, [(s.seq, s.name) for s in checked], assigned, now)
-    # As get() would read it back.
+    return _view(
+        run_id,
+        state,
+        checked,
+        warnings,
+        created_at=created_at,
+        started_at=now if placed else None,
+        node_of=node_of,
+        assigned=assigned,
+    )
+
+
+def _new_id(run_id: object) -> str:
+    """The id a new run is to have: ``run_id``, or a new one for None."""
+    if run_id is None:
+        return uuid.uuid4().hex
+    if not isinstance(run_id, str) or not run_id.strip():
+        raise InvalidRun(f"run_id must be a non-empty str or None, not {run_id!r}")
+    return run_id
+
+
+def _view(
+    run_id: str,
+    state: str,
+    checked: Iterable[CheckedStep],
+    warnings: Iterable[str],
+    *,
+    created_at: float,
+    started_at: float | None = None,
+    node_of: Mapping[int, str] | None = None,
+    assigned: Iterable[Assigned] = (),
+) -> RunView:
+    """A new run as :func:`get` would read it back."""
     return RunView(
         run_id,
         state,
         None,
         tuple(
-            StepView(s.seq, s.name, s.kind, s.needs, "PENDING", node_of.get(s.seq, ""))
+            StepView(s.seq, s.name, s.kind, s.needs, "PENDING", (node_of or {}).get(s.seq, ""))
             for s in checked
         ),
         tuple(warnings),
         created_at,
-        now if placed else None,
+        started_at,
         None,
         tuple(assigned),
     )
+
+
+#: PostgreSQL's way to queue a run (:func:`queue`): the checks a submit
+#: makes before it writes, and its writes, in one call. Answers the
+#: verdict (``taken``, ``stale``, ``free``, ``unsatisfiable``: nothing
+#: written; ``queued``) and when the run was created. ``created_at`` is
+#: strictly increasing, as :func:`submit` keeps it (one step of at least
+#: one unit in the last place, where Python takes exactly one).
+QUEUE_FUNCTION = f"""
+CREATE FUNCTION store_queue_run(
+    r_id TEXT, r_generation BIGINT, may_place BOOLEAN, placeable BOOLEAN,
+    r_warnings TEXT, s_seq INTEGER[], s_name TEXT[], s_kind TEXT[], s_needs TEXT[],
+    r_record TEXT, at DOUBLE PRECISION, OUT verdict TEXT, OUT queued_at DOUBLE PRECISION
+) LANGUAGE plpgsql
+AS $$
+DECLARE
+    last DOUBLE PRECISION;
+BEGIN
+    IF EXISTS (SELECT 1 FROM runs WHERE id = r_id) THEN
+        verdict := 'taken';
+    ELSIF {nodes.GENERATION} IS DISTINCT FROM r_generation THEN
+        verdict := 'stale';
+    ELSIF may_place AND {nodes.ANY_FREE} THEN
+        verdict := 'free';
+    ELSIF NOT placeable THEN
+        verdict := 'unsatisfiable';
+    ELSE
+        SELECT max(r.created_at) INTO last FROM runs r;
+        queued_at := CASE WHEN last IS NULL OR at > last THEN at
+                          ELSE last + greatest(abs(last) * 4.440892098500626e-16, 5e-324) END;
+        INSERT INTO runs (id, state, created_at, warnings)
+            VALUES (r_id, 'QUEUED', queued_at, r_warnings);
+        INSERT INTO steps (run_id, seq, name, kind, needs)
+            SELECT r_id, s.seq, s.name, s.kind, s.needs
+              FROM unnest(s_seq, s_name, s_kind, s_needs) AS s (seq, name, kind, needs);
+        INSERT INTO records (run_id, state, opened_at, steps)
+            VALUES (r_id, 'QUEUED', at, r_record);
+        verdict := 'queued';
+    END IF;
+END $$
+"""
+
+
+def queue(
+    db: Database,
+    fleets: nodes.Fleets,
+    steps: object,
+    run_id: str | None,
+    *,
+    lease_ttl: float,
+    max_leases: int,
+) -> RunView | None:
+    """Queue a new run in one round trip, where the engine can
+    (``Database.queue_run``) and the run is to wait: no node free now, the
+    fleet as last read. None: the caller submits it the usual way
+    (:func:`submit`), which decides as this would. Raises as it does."""
+    fleet = fleets.last
+    if fleet is None or not db.queues_runs:
+        return None
+    checked, warnings = check_steps(steps)
+    run_id = _new_id(run_id)
+    needs = [(s.seq, s.needs) for s in checked]
+    new = NewRun(
+        run_id,
+        fleet.generation,
+        bool(lease_ttl),
+        fleet.placeable(needs, max_leases),
+        [s.seq for s in checked],
+        [s.name for s in checked],
+        [s.kind for s in checked],
+        [json.dumps(sorted(s.needs)) for s in checked],
+        json.dumps(warnings),
+        record.opening([(s.seq, s.name) for s in checked], []),
+    )
+    verdict, created_at = db.write(lambda tx: db.queue_run(tx, new))
+    if verdict == "taken":
+        raise Conflict(f"run {run_id!r} exists already")
+    if verdict == "unsatisfiable":
+        raise Unsatisfiable(_why_unsatisfiable(checked, fleet.caps, max_leases))
+    if verdict != "queued":
+        return None
+    return _view(run_id, "QUEUED", checked, warnings, created_at=created_at)
+
+
+def queue_on_server(conn: Tx, new: NewRun, *, now: str) -> tuple[str, float]:
+    """Queue ``new`` by one call of :data:`QUEUE_FUNCTION`, the
+    transaction's one statement, sent with its BEGIN and COMMIT (``now``:
+    the SQL of the transaction's time). Returns the verdict and the time
+    the run was created (if queued)."""
+    verdict, created_at = conn.finish(
+        "SELECT verdict, queued_at FROM store_queue_run(?, ?, ?::boolean, ?::boolean, ?,"
+        f" ?::integer[], ?::text[], ?::text[], ?::text[], ?, {now})",
+        (
+            new.run_id,
+            new.generation,
+            new.may_place,
+            new.placeable,
+            new.warnings,
+            new.seqs,
+            new.names,
+            new.kinds,
+            new.needs,
+            new.record,
+        ),
+    ).fetchone()
+    return verdict, created_at
 
 
 def _why_unsatisfiable(

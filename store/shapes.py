@@ -21,6 +21,7 @@ __all__ = [
     "JobRow",
     "JobSummary",
     "Lease",
+    "NewRun",
     "NodeView",
     "RunView",
     "Step",
@@ -276,3 +277,27 @@ class RunView:
         if self.state == "FAILED" and self.reason:
             out["reject"] = self.reason
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """A run to queue in one round trip (``Database.queue_run``): checked,
+    and judged against the fleet of ``generation`` the caller knows. The
+    store queues it only if that is still the fleet, the run id is free and
+    no node is free (else the caller submits it the usual way)."""
+
+    run_id: str
+    #: The fleet the caller judged by (``node_generation``).
+    generation: int
+    #: Whether a free node would be taken at once (a store with leases).
+    may_place: bool
+    #: Whether the run could be placed with every node free.
+    placeable: bool
+    #: Its steps as columns: seq, name, kind, needs (JSON).
+    seqs: list[int]
+    names: list[str]
+    kinds: list[str]
+    needs: list[str]
+    #: Its warnings and the steps of its Record, as JSON.
+    warnings: str
+    record: str

@@ -362,6 +362,16 @@ class Store:
         """Store a run: RUNNING if every step can be placed now, else QUEUED.
         Raises ``InvalidRun``, ``Conflict`` (run id in use) or ``Unsatisfiable``;
         nothing is stored then."""
+        queued = runs.queue(
+            self._db,
+            self._fleets,
+            steps,
+            run_id,
+            lease_ttl=self.lease_ttl,
+            max_leases=self.max_leases_per_run,
+        )
+        if queued is not None:
+            return queued
         return self._db.write(
             lambda tx: runs.submit(
                 tx,

@@ -233,6 +233,10 @@ class Traced:
         self.seen.append(sql)
         return self.tx.executemany(sql, rows)
 
+    def finish(self, sql: str, args: Any = ()) -> Any:
+        self.seen.append(f"{sql} {args!r}")
+        return self.tx.finish(sql, args)
+
     def locking(self, *, skip: bool = False) -> str:
         return str(self.tx.locking(skip=skip))
 
