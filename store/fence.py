@@ -13,14 +13,17 @@ from .shapes import Lease
 __all__ = ["fenced", "holds", "lease_args"]
 
 
-def fenced(j: int, o: int, t: int) -> str:
-    """The condition of a write made under a lease: the job (parameter
-    ``j``) is held by owner ``o`` with token ``t``; a NULL owner (no lease
-    given) writes unconditioned."""
-    return (
-        f" AND (?{o} IS NULL OR EXISTS (SELECT 1 FROM jobs WHERE id = ?{j}"
-        f" AND lease_owner = ?{o} AND lease_token = ?{t}))"
-    )
+def fenced(o: int, t: int) -> str:
+    """The condition of a write to a job's row made under a lease: the job
+    is held by owner (parameter) ``o`` with token ``t``; a NULL owner (no
+    lease given) writes unconditioned.
+
+    A condition on the row being written, never a look at it in a
+    subquery: a statement that waited for the row's lock (PostgreSQL, READ
+    COMMITTED) judges the row as the other writer left it only by such
+    conditions; a subquery keeps what it read before the wait, and a
+    take-over committed meanwhile would go unseen."""
+    return f" AND (?{o} IS NULL OR (lease_owner = ?{o} AND lease_token = ?{t}))"
 
 
 def lease_args(lease: Lease | None) -> tuple[str | None, int | None]:

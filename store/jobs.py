@@ -45,11 +45,11 @@ NO_LIMIT = 2**62
 # The statements that move one job, made once.
 _END_JOB = (
     "UPDATE jobs SET status = ?1, updated_at = ?2, touched_at = ?2, lease_owner = NULL"
-    " WHERE id = ?3 AND status IN ('queued', 'running')" + fenced(3, 4, 5)
+    " WHERE id = ?3 AND status IN ('queued', 'running')" + fenced(4, 5)
 )
 _MOVE_JOB = (
     "UPDATE jobs SET status = ?1, updated_at = ?2"
-    " WHERE id = ?3 AND status IN ('queued', 'running')" + fenced(3, 4, 5)
+    " WHERE id = ?3 AND status IN ('queued', 'running')" + fenced(4, 5)
 )
 
 

@@ -123,6 +123,20 @@ def raw(location: str, sql: str, args: tuple[object, ...] = ()) -> list[tuple[An
         conn.close()
 
 
+def lock_waiters(url: str) -> list[tuple[int, Any]]:
+    """The store's sessions waiting on a lock now, on the PostgreSQL server
+    at ``url``: each one's server process and when its transaction began."""
+    return [
+        (int(pid), began)
+        for pid, began in raw(
+            url,
+            "SELECT pid, xact_start FROM pg_stat_activity"
+            " WHERE application_name = 'batch-store' AND wait_event_type = 'Lock'"
+            " AND xact_start IS NOT NULL",
+        )
+    ]
+
+
 class HeldOnServer:
     """Holds the targets of one job from a connection of its own (on
     PostgreSQL), so that a batch storing one of them stops on the server
@@ -136,17 +150,8 @@ class HeldOnServer:
         self._conn.execute("SELECT 1 FROM targets WHERE job_id = %s FOR UPDATE", (job_id,))
 
     def waiters(self) -> list[tuple[int, Any]]:
-        """The store's sessions waiting on a lock now: each one's server
-        process and when its transaction began."""
-        return [
-            (int(pid), began)
-            for pid, began in raw(
-                self._url,
-                "SELECT pid, xact_start FROM pg_stat_activity"
-                " WHERE application_name = 'batch-store' AND wait_event_type = 'Lock'"
-                " AND xact_start IS NOT NULL",
-            )
-        ]
+        """The store's sessions waiting on a lock now (:func:`lock_waiters`)."""
+        return lock_waiters(self._url)
 
     def waiting(self) -> bool:
         """Whether one batch waits there now."""

@@ -13,11 +13,20 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import store
 from tests import pgserver
-from tests.helpers import TIMEOUT, ChildProcess, HeldOnServer, eventually, fresh, raw
+from tests.helpers import (
+    TIMEOUT,
+    ChildProcess,
+    HeldOnServer,
+    eventually,
+    fresh,
+    lock_waiters,
+    raw,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -178,3 +187,60 @@ def _stored(url: str, job_id: str) -> int:
         url, "SELECT count(*) FROM targets WHERE job_id = ? AND status = 'done'", (job_id,)
     )[0]
     return int(count)
+
+
+def test_a_write_that_waited_for_a_take_over_is_refused(url: str) -> None:
+    """Runner a writes under its lease to a job whose row another session
+    holds, in the middle of taking it over (its new owner and token set,
+    not yet committed). Once the take-over commits, a's write, which waited
+    for the row, judges the row as the take-over left it: refused."""
+    with store.open(url) as db:
+        db.register_runner("a", 30.0)
+        db.create_jobs("alice", [("j", ["x", "y"])], "a", lease_for=30.0)
+        taker = psycopg.connect(url, autocommit=False)
+        try:
+            taker.execute("UPDATE jobs SET lease_owner = 'b', lease_token = 2 WHERE id = 'j'")
+            got: list[object] = []
+            writer = threading.Thread(
+                target=lambda: got.append(db.interrupt_job("j", "late", store.Lease("a", 1))),
+                name="late-writer",
+            )
+            writer.start()
+            try:
+                assert eventually(lambda: len(lock_waiters(url)) == 1), "a never waited"
+            finally:
+                taker.commit()
+                writer.join(TIMEOUT)
+        finally:
+            taker.close()
+        assert got == [None]
+        assert raw(url, "SELECT status, lease_owner, lease_token FROM jobs WHERE id = 'j'") == [
+            ("queued", "b", 2)
+        ]
+
+
+def test_a_renewal_that_waited_for_a_give_back_keeps_it(url: str) -> None:
+    """A beat reads its time as its transaction begins; meanwhile another
+    session, holding the runner's job, moves its lease on (as the beat that
+    gives a stall back does) and commits. The renewal, which waited for the
+    row, leaves the lease where it was moved: a renewal never brings a lease
+    nearer."""
+    with store.open(url) as db:
+        db.register_runner("a", 30.0)
+        db.create_jobs("alice", [("j", ["x"])], "a", lease_for=30.0)
+        ((until,),) = raw(url, "SELECT lease_until FROM jobs WHERE id = 'j'")
+        mover = psycopg.connect(url, autocommit=False)
+        try:
+            mover.execute("UPDATE jobs SET lease_until = lease_until + 1000 WHERE id = 'j'")
+            got: list[store.Beat] = []
+            beat = threading.Thread(target=lambda: got.append(db.beat_runner("a", 30.0)))
+            beat.start()
+            try:
+                assert eventually(lambda: len(lock_waiters(url)) == 1), "the beat never waited"
+            finally:
+                mover.commit()
+                beat.join(TIMEOUT)
+        finally:
+            mover.close()
+        assert [b.held for b in got] == [{"j": 1}]
+        assert raw(url, "SELECT lease_until FROM jobs WHERE id = 'j'") == [(until + 1000,)]
