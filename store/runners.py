@@ -61,12 +61,13 @@ def register(conn: Tx, runner_id: str, now: float, lapse: float) -> None:
 def retire(conn: Tx, runner_id: str) -> None:
     """The runner closed: it holds no lease any more, so the next runner with
     room takes its live jobs at once."""
-    conn.execute("UPDATE runners SET closed = 1 WHERE id = ?", (runner_id,))
+    # Jobs first, then the runner's row, as every writer locks them.
     conn.execute(
         "UPDATE jobs SET lease_owner = NULL WHERE id IN (SELECT id FROM jobs"
         f" WHERE lease_owner = ? ORDER BY id{conn.locking()})",
         (runner_id,),
     )
+    conn.execute("UPDATE runners SET closed = 1 WHERE id = ?", (runner_id,))
 
 
 def beat(
@@ -95,30 +96,34 @@ def beat(
     # beat that keeps it may be giving a stall back to that very lease in a
     # transaction not yet committed (guarantee 2).
     clock = _give_back_stall(conn, now, lapse)
-    # Writes whose answer nothing waits for (``executemany``) go out with
-    # the next statement, on PostgreSQL (pipeline mode): no round trip each.
-    conn.executemany(
-        "UPDATE runners SET heartbeat_at = ?, lapse = ? WHERE id = ?", [(now, lapse, runner_id)]
-    )
     held: dict[str, int] = {}
     ended: set[str] = set()
     # The one renewal statement: every lease of the runner, live or not; a
-    # terminal job's lease is released unless kept.
-    # Its rows are locked in id order, as every writer locks jobs.
+    # terminal job's lease is released unless kept. Its rows are locked in
+    # id order, as every writer locks jobs. A renewal never brings a lease
+    # nearer: its time was read as the transaction began, and a give-back
+    # committed while it waited for the rows may have moved the lease on.
     kept, kept_args = in_list("id", keep)
+    until = now + lapse
     for job_id, token, status in conn.execute(
-        "UPDATE jobs SET lease_until = ?,"
+        "UPDATE jobs SET lease_until = CASE WHEN lease_until > ? THEN lease_until ELSE ? END,"
         f" lease_owner = CASE WHEN status IN ('queued', 'running') OR {kept}"
         " THEN lease_owner END"
         " WHERE lease_owner = ? AND id IN"
         f" (SELECT id FROM jobs WHERE lease_owner = ? ORDER BY id{conn.locking()})"
         " RETURNING id, lease_token, status",
-        (now + lapse, *kept_args, runner_id, runner_id),
+        (until, until, *kept_args, runner_id, runner_id),
     ):
         if status in LIVE_JOB:
             held[job_id] = token
         else:
             ended.add(job_id)
+    # The runner's row after its jobs, as every writer locks them. A write
+    # whose answer nothing waits for (``executemany``) goes out with the
+    # next statement, on PostgreSQL (pipeline mode): no round trip of its own.
+    conn.executemany(
+        "UPDATE runners SET heartbeat_at = ?, lapse = ? WHERE id = ?", [(now, lapse, runner_id)]
+    )
     ended_runners, silent = _gone(conn, runner_id, now)
     if not clock:
         silent = []  # as with a lapsed lease: the stall may be given back
@@ -174,14 +179,17 @@ def _give_back_stall(conn: Tx, now: float, lapse: float) -> bool:
     (last,) = conn.execute("SELECT beat_at FROM lease_clock").fetchone()
     gap = now - last
     if last and gap > lapse / 2:
-        # In id order, as every writer locks jobs: two never wait in a circle.
+        # Jobs, then runners, each in id order, as every writer locks them:
+        # two never wait in a circle.
         conn.executemany(
             "UPDATE jobs SET lease_until = lease_until + ? WHERE id IN (SELECT id FROM jobs"
             f" WHERE lease_owner IS NOT NULL ORDER BY id{conn.locking()})",
             [(gap,)],
         )
         conn.executemany(
-            "UPDATE runners SET heartbeat_at = heartbeat_at + ? WHERE closed = 0", [(gap,)]
+            "UPDATE runners SET heartbeat_at = heartbeat_at + ? WHERE id IN (SELECT id"
+            f" FROM runners WHERE closed = 0 ORDER BY id{conn.locking()})",
+            [(gap,)],
         )
     conn.executemany("UPDATE lease_clock SET beat_at = ?", [(now,)])
     return True

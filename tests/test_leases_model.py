@@ -160,7 +160,8 @@ class Model:
         ended: set[str] = set()
         for j in self.jobs.values():
             if j.owner == runner_id:
-                j.until = now + lapse
+                # A renewal never brings a lease nearer.
+                j.until = now + lapse if j.until is None else max(j.until, now + lapse)
                 if j.live:
                     held[j.id] = j.token
                 else:
@@ -828,6 +829,7 @@ def test_a_beat_that_finds_the_clock_kept_takes_nothing_by_lapse(
         other.execute("SELECT pg_advisory_lock(%s)", (TRY_LOCKS["clock"],))
         # Both jobs look orphaned to it: "a" lapsed and is silent.
         assert db.beat_runner("b", LAPSE).taken == []
+        other.execute("SELECT pg_advisory_unlock(%s)", (TRY_LOCKS["clock"],))
     assert db.beat_runner("b", LAPSE).taken == []
     assert lease_of(db, "held") == ("a", 1, start + LAPSE + 3 * LAPSE)
     assert db.get_job("waiting", "alice").status == "queued"  # type: ignore[union-attr]
