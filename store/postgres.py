@@ -953,14 +953,17 @@ class PostgresDatabase(Database):
                 with psycopg.connect(
                     self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT
                 ) as conn:
-                    row = conn.execute(
-                        "SELECT (SELECT token FROM store_commits WHERE conn = %s),"
-                        " (SELECT answer FROM store_commits WHERE conn = %s),"
-                        " EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s"
-                        "  AND backend_start <= to_timestamp(%s))",
-                        (mark.key, mark.key, mark.pid, mark.since),
-                    ).fetchone()
-                token, answer, running = row or (None, None, True)
+                    # Whether the session runs, then (a statement of its own,
+                    # so a snapshot taken after) the mark: a session that
+                    # committed and ended between the two is seen committed.
+                    (running,) = conn.execute(
+                        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s"
+                        " AND backend_start <= to_timestamp(%s))",
+                        (mark.pid, mark.since),
+                    ).fetchone() or (True,)
+                    token, answer = conn.execute(
+                        "SELECT token, answer FROM store_commits WHERE conn = %s", (mark.key,)
+                    ).fetchone() or (None, None)
                 if token == mark.token:
                     return json.loads(answer) if isinstance(answer, str) else answer
                 if not running:
