@@ -10,8 +10,9 @@ import contextlib
 import json
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
 import pytest
@@ -29,6 +30,8 @@ from tests.helpers import (
 )
 
 pytestmark = pytest.mark.timeout(60)
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -189,6 +192,27 @@ def _stored(url: str, job_id: str) -> int:
     return int(count)
 
 
+def _behind(url: str, change: str, call: Callable[[], T]) -> T:
+    """What ``call`` returns when it waits for rows another session is
+    changing (``change``, not yet committed), and then goes on once the
+    change commits."""
+    other = psycopg.connect(url, autocommit=False)
+    try:
+        other.execute(change)
+        got: list[T] = []
+        caller = threading.Thread(target=lambda: got.append(call()), name="behind")
+        caller.start()
+        try:
+            assert eventually(lambda: len(lock_waiters(url)) == 1), "it never waited"
+        finally:
+            other.commit()
+            caller.join(TIMEOUT)
+    finally:
+        other.close()
+    assert len(got) == 1, "it never returned"
+    return got[0]
+
+
 def test_a_write_that_waited_for_a_take_over_is_refused(url: str) -> None:
     """Runner a writes under its lease to a job whose row another session
     holds, in the middle of taking it over (its new owner and token set,
@@ -197,23 +221,12 @@ def test_a_write_that_waited_for_a_take_over_is_refused(url: str) -> None:
     with store.open(url) as db:
         db.register_runner("a", 30.0)
         db.create_jobs("alice", [("j", ["x", "y"])], "a", lease_for=30.0)
-        taker = psycopg.connect(url, autocommit=False)
-        try:
-            taker.execute("UPDATE jobs SET lease_owner = 'b', lease_token = 2 WHERE id = 'j'")
-            got: list[object] = []
-            writer = threading.Thread(
-                target=lambda: got.append(db.interrupt_job("j", "late", store.Lease("a", 1))),
-                name="late-writer",
-            )
-            writer.start()
-            try:
-                assert eventually(lambda: len(lock_waiters(url)) == 1), "a never waited"
-            finally:
-                taker.commit()
-                writer.join(TIMEOUT)
-        finally:
-            taker.close()
-        assert got == [None]
+        ended = _behind(
+            url,
+            "UPDATE jobs SET lease_owner = 'b', lease_token = 2 WHERE id = 'j'",
+            lambda: db.interrupt_job("j", "late", store.Lease("a", 1)),
+        )
+        assert ended is None
         assert raw(url, "SELECT status, lease_owner, lease_token FROM jobs WHERE id = 'j'") == [
             ("queued", "b", 2)
         ]
@@ -229,18 +242,10 @@ def test_a_renewal_that_waited_for_a_give_back_keeps_it(url: str) -> None:
         db.register_runner("a", 30.0)
         db.create_jobs("alice", [("j", ["x"])], "a", lease_for=30.0)
         ((until,),) = raw(url, "SELECT lease_until FROM jobs WHERE id = 'j'")
-        mover = psycopg.connect(url, autocommit=False)
-        try:
-            mover.execute("UPDATE jobs SET lease_until = lease_until + 1000 WHERE id = 'j'")
-            got: list[store.Beat] = []
-            beat = threading.Thread(target=lambda: got.append(db.beat_runner("a", 30.0)))
-            beat.start()
-            try:
-                assert eventually(lambda: len(lock_waiters(url)) == 1), "the beat never waited"
-            finally:
-                mover.commit()
-                beat.join(TIMEOUT)
-        finally:
-            mover.close()
-        assert [b.held for b in got] == [{"j": 1}]
+        beat = _behind(
+            url,
+            "UPDATE jobs SET lease_until = lease_until + 1000 WHERE id = 'j'",
+            lambda: db.beat_runner("a", 30.0),
+        )
+        assert beat.held == {"j": 1}
         assert raw(url, "SELECT lease_until FROM jobs WHERE id = 'j'") == [(until + 1000,)]
