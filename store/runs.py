@@ -29,6 +29,7 @@ __all__ = [
     "heartbeat",
     "insert_steps",
     "list_ids",
+    "new_id",
     "queue",
     "queue_on_server",
     "reap",
@@ -81,8 +82,9 @@ def check_steps(steps: object) -> tuple[list[CheckedStep], list[str]]:
 
 def submit(
     conn: Tx,
-    steps: object,
-    run_id: str | None,
+    checked: list[CheckedStep],
+    warnings: list[str],
+    run_id: str,
     *,
     lease_ttl: float,
     max_leases: int,
@@ -95,10 +97,9 @@ def submit(
     The new run is behind every QUEUED run, so the nodes those that waited
     ``reserve_after`` seconds reserve (``reserved`` keeps what was read of
     them) are not available to it. Raises
-    ``InvalidRun`` (checked first), ``Conflict`` for a run id in use, and
-    ``Unsatisfiable`` if no placement exists even with every node free."""
-    checked, warnings = check_steps(steps)
-    run_id = _new_id(run_id)
+    ``Conflict`` for a run id in use, and ``Unsatisfiable`` if no
+    placement exists even with every node free. ``checked``, ``warnings``:
+    from :func:`check_steps`; ``run_id``: from :func:`new_id`."""
     # What the submit decides on, in one round trip.
     taken, generation, free, last = conn.execute(
         f"SELECT EXISTS (SELECT 1 FROM runs WHERE id = ?), {nodes.GENERATION},"
@@ -151,7 +152,7 @@ def submit(
     )
 
 
-def _new_id(run_id: object) -> str:
+def new_id(run_id: object) -> str:
     """The id a new run is to have: ``run_id``, or a new one for None."""
     if run_id is None:
         return uuid.uuid4().hex
@@ -232,8 +233,9 @@ END $$
 def queue(
     db: Database,
     fleets: nodes.Fleets,
-    steps: object,
-    run_id: str | None,
+    checked: list[CheckedStep],
+    warnings: list[str],
+    run_id: str,
     *,
     lease_ttl: float,
     max_leases: int,
@@ -245,8 +247,6 @@ def queue(
     fleet = fleets.last
     if fleet is None or not db.queues_runs:
         return None
-    checked, warnings = check_steps(steps)
-    run_id = _new_id(run_id)
     needs = [(s.seq, s.needs) for s in checked]
     new = NewRun(
         run_id,

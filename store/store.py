@@ -362,11 +362,14 @@ class Store:
         """Store a run: RUNNING if every step can be placed now, else QUEUED.
         Raises ``InvalidRun``, ``Conflict`` (run id in use) or ``Unsatisfiable``;
         nothing is stored then."""
+        checked, warnings = runs.check_steps(steps)  # once: steps may be an iterator
+        new_id = runs.new_id(run_id)
         queued = runs.queue(
             self._db,
             self._fleets,
-            steps,
-            run_id,
+            checked,
+            warnings,
+            new_id,
             lease_ttl=self.lease_ttl,
             max_leases=self.max_leases_per_run,
         )
@@ -375,8 +378,9 @@ class Store:
         return self._db.write(
             lambda tx: runs.submit(
                 tx,
-                steps,
-                run_id,
+                checked,
+                warnings,
+                new_id,
                 lease_ttl=self.lease_ttl,
                 max_leases=self.max_leases_per_run,
                 fleets=self._fleets,
