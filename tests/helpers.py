@@ -123,16 +123,18 @@ def raw(location: str, sql: str, args: tuple[object, ...] = ()) -> list[tuple[An
         conn.close()
 
 
-def lock_waiters(url: str) -> list[tuple[int, Any]]:
+def lock_waiters(url: str, running: str = "") -> list[tuple[int, Any]]:
     """The store's sessions waiting on a lock now, on the PostgreSQL server
-    at ``url``: each one's server process and when its transaction began."""
+    at ``url`` (those whose statement holds ``running``, if given): each
+    one's server process and when its transaction began."""
     return [
         (int(pid), began)
         for pid, began in raw(
             url,
             "SELECT pid, xact_start FROM pg_stat_activity"
             " WHERE application_name = 'batch-store' AND wait_event_type = 'Lock'"
-            " AND xact_start IS NOT NULL",
+            " AND xact_start IS NOT NULL AND strpos(query, ?) > 0",
+            (running,),
         )
     ]
 
@@ -150,8 +152,10 @@ class HeldOnServer:
         self._conn.execute("SELECT 1 FROM targets WHERE job_id = %s FOR UPDATE", (job_id,))
 
     def waiters(self) -> list[tuple[int, Any]]:
-        """The store's sessions waiting on a lock now (:func:`lock_waiters`)."""
-        return lock_waiters(self._url)
+        """The batches waiting on a lock now (:func:`lock_waiters`); not the
+        other writes of their runner, which may queue up behind a batch for
+        the job's row (a beat renewing the job's lease)."""
+        return lock_waiters(self._url, "store_record(")
 
     def waiting(self) -> bool:
         """Whether one batch waits there now."""
