@@ -25,6 +25,7 @@ stop the others.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Literal
 
@@ -206,114 +207,119 @@ def _stored(
 
 # -- PostgreSQL: the batch in one call ---------------------------------------------------
 
-#: The function PostgreSQL's schema installs: :func:`record` on the server.
-#: Each statement in it takes a new snapshot (READ COMMITTED), so what it
-#: reads after the first one locked the jobs stays as read. Returns each
-#: outcome's verdict and its job's status as decided, and the ids evicted.
-#: A change to it is a new schema step (``CREATE OR REPLACE``), never an
-#: edit of this text.
+#: The function PostgreSQL's schema installs: :func:`record` on the server,
+#: taking the batch as JSON (an array of outcomes, an array of starting
+#: jobs; see :func:`record_on_server`). It runs two statements: the first
+#: locks the jobs, the second decides every verdict and makes every write
+#: (each of its parts sees the jobs as locked: it takes a new snapshot,
+#: READ COMMITTED); then the byte total, and eviction if asked. Returns
+#: each outcome's verdict and its job's status as decided, and the ids
+#: evicted. Once released, a change to it is a new schema step
+#: (``CREATE OR REPLACE``), never an edit of this text.
 SERVER_FUNCTION = """
 CREATE FUNCTION store_record(
-    o_job TEXT[], o_pos INTEGER[], o_status TEXT[], o_result TEXT[], o_error TEXT[],
-    o_hint TEXT[], o_nbytes BIGINT[], o_end TEXT[], o_owner TEXT[], o_token BIGINT[],
-    s_job TEXT[], s_owner TEXT[], s_token BIGINT[],
+    batch JSON, starting JSON,
     max_bytes BIGINT, evict_lock BIGINT, my_slot INTEGER, at DOUBLE PRECISION,
     OUT verdicts TEXT[], OUT seen TEXT[], OUT evicted TEXT[]
 ) LANGUAGE plpgsql
   -- Each statement planned once per session: planning it anew for each
   -- batch (the default, while a custom plan seems cheaper) cost more than
-  -- running it. Every statement reaches its rows by key, so no plan scans
-  -- a table: one made while a table was small would go on scanning it
-  -- once large (a batch of 4 outcomes took 5 ms scanning 20,000 targets).
-  -- (The one scan left, of the byte slots, then looks costly enough to
-  -- compile: no compiling, which cost 60 ms a batch.)
+  -- running it. Every statement reaches its rows by key from the batch's
+  -- few, so no plan scans a table or joins one whole: one made while a
+  -- table was small would go on scanning it once large (a batch of 4
+  -- outcomes took 5 ms scanning 20,000 targets; a merge join read the
+  -- targets of every job in order). (The one scan left, of the byte
+  -- slots, then looks costly enough to compile: no compiling, which cost
+  -- 60 ms a batch.)
   SET plan_cache_mode = force_generic_plan
   SET enable_seqscan = off
+  SET enable_mergejoin = off
+  SET enable_hashjoin = off
   SET jit = off
 AS $$
 DECLARE
-    j_id     TEXT[];
-    j_status TEXT[];
-    j_owner  TEXT[];
-    j_token  BIGINT[];
-    added    BIGINT;
-    total    BIGINT;
-    kept     BIGINT;
-    gone     RECORD;
+    added BIGINT;
+    total BIGINT;
+    kept  BIGINT;
+    gone  RECORD;
 BEGIN
-    -- The jobs decided on, locked in id order and read in one statement.
-    SELECT coalesce(array_agg(l.id), '{}'), coalesce(array_agg(l.status), '{}'),
-           coalesce(array_agg(l.lease_owner), '{}'), coalesce(array_agg(l.lease_token), '{}')
-      INTO j_id, j_status, j_owner, j_token
-      FROM (SELECT id, status, lease_owner, lease_token FROM jobs
-             WHERE id = ANY (o_job || s_job) ORDER BY id FOR UPDATE) l;
+    -- The jobs decided on, locked in id order.
+    PERFORM 1 FROM jobs
+      WHERE id = ANY (ARRAY(SELECT o.job FROM json_to_recordset(batch) AS o (job TEXT)
+                            UNION ALL
+                            SELECT s.job FROM json_to_recordset(starting) AS s (job TEXT)))
+      ORDER BY id FOR UPDATE;
 
-    SELECT coalesce(array_agg(d.verdict ORDER BY d.ord), '{}'),
-           coalesce(array_agg(d.status ORDER BY d.ord), '{}')
-      INTO verdicts, seen
-      FROM (SELECT c.ord, c.status,
-                   CASE WHEN c.status IS NULL THEN 'gone'
-                        WHEN NOT c.holds THEN 'lease'
-                        WHEN c.target IS DISTINCT FROM 'pending' THEN 'stored'
-                        WHEN row_number() OVER (PARTITION BY c.job, c.pos, c.holds,
-                             c.target ORDER BY c.ord) > 1 THEN 'stored'
-                        ELSE 'ok' END AS verdict
-              FROM (SELECT o.ord, o.job, o.pos, j.status, t.status AS target,
-                           coalesce(o.owner IS NULL
-                               OR (j.lease_owner = o.owner AND j.lease_token = o.token)
-                               OR (j.lease_owner IS NULL AND j.lease_token = o.token
-                                   AND j.status NOT IN ('queued', 'running')), false) AS holds
-                      FROM unnest(o_job, o_pos, o_owner, o_token)
-                           WITH ORDINALITY AS o (job, pos, owner, token, ord)
-                      LEFT JOIN unnest(j_id, j_status, j_owner, j_token)
-                           AS j (id, status, lease_owner, lease_token) ON j.id = o.job
-                      LEFT JOIN targets t ON t.job_id = o.job AND t.pos = o.pos) c) d;
-
-    UPDATE targets t
-       SET status = o.status, result = o.result, error = o.error, hint = o.hint
-      FROM unnest(o_job, o_pos, o_status, o_result, o_error, o_hint, verdicts)
-           AS o (job, pos, status, result, error, hint, verdict)
-     WHERE o.verdict = 'ok' AND t.job_id = o.job AND t.pos = o.pos;
-
-    WITH ok AS (
-        SELECT o.* FROM unnest(o_job, o_status, o_nbytes, o_end, o_owner, verdicts)
-                        WITH ORDINALITY AS o (job, status, nbytes, job_end, owner, verdict, ord)
-         WHERE o.verdict = 'ok'
+    WITH o AS (
+        SELECT * FROM ROWS FROM (json_to_recordset(batch) AS (
+                   job TEXT, pos INTEGER, status TEXT, result TEXT, error TEXT, hint TEXT,
+                   nbytes BIGINT, job_end TEXT, owner TEXT, token BIGINT))
+             WITH ORDINALITY
+             AS o (job, pos, status, result, error, hint, nbytes, job_end, owner, token, ord)
+    ), seen AS (
+        SELECT o.*, j.status AS job_status, t.status AS target,
+               coalesce(o.owner IS NULL
+                   OR (j.lease_owner = o.owner AND j.lease_token = o.token)
+                   OR (j.lease_owner IS NULL AND j.lease_token = o.token
+                       AND j.status NOT IN ('queued', 'running')), false) AS holds
+          FROM o
+          LEFT JOIN jobs j ON j.id = o.job
+          LEFT JOIN targets t ON t.job_id = o.job AND t.pos = o.pos
+    ), c AS (
+        SELECT seen.*,
+               CASE WHEN job_status IS NULL THEN 'gone'
+                    WHEN NOT holds THEN 'lease'
+                    WHEN target IS DISTINCT FROM 'pending' THEN 'stored'
+                    -- The first of two for one target wins.
+                    WHEN row_number() OVER (PARTITION BY job, pos, holds, target
+                                            ORDER BY ord) > 1 THEN 'stored'
+                    ELSE 'ok' END AS verdict
+          FROM seen
+    ), stored AS (
+        UPDATE targets t
+           SET status = c.status, result = c.result, error = c.error, hint = c.hint
+          FROM c
+         WHERE c.verdict = 'ok' AND t.job_id = c.job AND t.pos = c.pos
     ), changes AS (
         SELECT job, sum(nbytes) AS nbytes,
                count(*) FILTER (WHERE status = 'done') AS ndone,
                count(*) FILTER (WHERE status = 'failed') AS nfailed,
                bool_or(owner IS NOT NULL) AS starts,
                (array_agg(job_end ORDER BY ord) FILTER (WHERE job_end IS NOT NULL))[1] AS job_end
-          FROM ok GROUP BY job
+          FROM c WHERE verdict = 'ok' GROUP BY job
         UNION ALL
         SELECT s.job, 0, 0, 0, true, NULL
-          FROM unnest(s_job, s_owner, s_token) AS s (job, owner, token)
-          JOIN unnest(j_id, j_status, j_owner, j_token)
-               AS j (id, status, lease_owner, lease_token) ON j.id = s.job
+          FROM json_to_recordset(starting) AS s (job TEXT, owner TEXT, token BIGINT)
+          JOIN jobs j ON j.id = s.job
          WHERE j.status = 'queued'
            AND (s.owner IS NULL OR (j.lease_owner = s.owner AND j.lease_token = s.token))
     ), by_job AS (
         SELECT job, sum(nbytes) AS nbytes, sum(ndone) AS ndone, sum(nfailed) AS nfailed,
                bool_or(starts) AS starts, max(job_end) AS job_end
           FROM changes GROUP BY job
+    ), changed AS (
+        UPDATE jobs j
+           SET nbytes = j.nbytes + c.nbytes, ndone = j.ndone + c.ndone,
+               nfailed = j.nfailed + c.nfailed, updated_at = at,
+               status = CASE WHEN j.status NOT IN ('queued', 'running') THEN j.status
+                             WHEN c.job_end IS NOT NULL THEN c.job_end
+                             WHEN c.starts THEN 'running'
+                             ELSE j.status END,
+               touched_at = CASE WHEN c.job_end IS NOT NULL
+                                      AND j.status IN ('queued', 'running')
+                                 THEN at ELSE j.touched_at END,
+               lease_owner = CASE WHEN c.job_end IS NOT NULL
+                                       AND j.status IN ('queued', 'running')
+                                  THEN NULL ELSE j.lease_owner END
+          FROM by_job c
+         WHERE j.id = c.job
     )
-    UPDATE jobs j
-       SET nbytes = j.nbytes + c.nbytes, ndone = j.ndone + c.ndone,
-           nfailed = j.nfailed + c.nfailed, updated_at = at,
-           status = CASE WHEN j.status NOT IN ('queued', 'running') THEN j.status
-                         WHEN c.job_end IS NOT NULL THEN c.job_end
-                         WHEN c.starts THEN 'running'
-                         ELSE j.status END,
-           touched_at = CASE WHEN c.job_end IS NOT NULL AND j.status IN ('queued', 'running')
-                             THEN at ELSE j.touched_at END,
-           lease_owner = CASE WHEN c.job_end IS NOT NULL AND j.status IN ('queued', 'running')
-                              THEN NULL ELSE j.lease_owner END
-      FROM by_job c
-     WHERE j.id = c.job;
+    SELECT coalesce(array_agg(verdict ORDER BY ord), '{}'),
+           coalesce(array_agg(job_status ORDER BY ord), '{}'),
+           coalesce(sum(nbytes) FILTER (WHERE verdict = 'ok'), 0)
+      INTO verdicts, seen, added
+      FROM c;
 
-    SELECT coalesce(sum(o.nbytes), 0) INTO added
-      FROM unnest(o_nbytes, verdicts) AS o (nbytes, verdict) WHERE o.verdict = 'ok';
     evicted := '{}';
     IF max_bytes IS NOT NULL THEN
         SELECT coalesce(sum(b.total), 0) + added INTO total FROM job_bytes b;
@@ -352,51 +358,31 @@ def record_on_server(
     """Store a batch by one call of :data:`SERVER_FUNCTION`, the
     transaction's last statement (``Tx.finish``: its COMMIT goes with it).
     ``evict_lock`` is the key of the lock eviction tries; ``now`` the SQL
-    of the transaction's time."""
-    # The batch as columns: one array per argument, each read in one pass.
-    (job, pos, status, result, error, hint, nbytes, end, owner, token) = _columns(
+    of the transaction's time.
+
+    The batch goes as two JSON texts, not as arrays: encoded in C, and
+    bound as two quoted strings (binding ten arrays element by element
+    cost the client more than the rest of the batch)."""
+    batch = json.dumps(
         [
-            (
-                o.job_id,
-                o.pos,
-                o.status,
-                o.result,
-                o.error,
-                o.hint,
-                o.nbytes,
-                o.job_status,
-                *lease_args(o.lease),
-            )
+            {
+                "job": o.job_id,
+                "pos": o.pos,
+                "status": o.status,
+                "result": o.result,
+                "error": o.error,
+                "hint": o.hint,
+                "nbytes": o.nbytes,
+                "job_end": o.job_status,
+                **_lease(o.lease),
+            }
             for o in outcomes
-        ],
-        10,
+        ]
     )
-    s_job, s_owner, s_token = _columns(
-        [(job_id, *lease_args(lease)) for job_id, lease in starting], 3
-    )
+    jobs = json.dumps([{"job": job_id, **_lease(lease)} for job_id, lease in starting])
     row = conn.finish(
-        "SELECT verdicts, seen, evicted FROM store_record("
-        "?::text[], ?::integer[], ?::text[], ?::text[], ?::text[], ?::text[], ?::bigint[],"
-        " ?::text[], ?::text[], ?::bigint[], ?::text[], ?::text[], ?::bigint[],"
-        f" ?, ?, ?, {now})",
-        (
-            job,
-            pos,
-            status,
-            result,
-            error,
-            hint,
-            nbytes,
-            end,
-            owner,
-            token,
-            s_job,
-            s_owner,
-            s_token,
-            max_bytes,
-            evict_lock,
-            byte_slot(),
-        ),
+        f"SELECT verdicts, seen, evicted FROM store_record(?::json, ?::json, ?, ?, ?, {now})",
+        (batch, jobs, max_bytes, evict_lock, byte_slot()),
     ).fetchone()
     verdicts, statuses, evicted = row
     return _stored(
@@ -404,6 +390,7 @@ def record_on_server(
     )
 
 
-def _columns(rows: Sequence[tuple[object, ...]], width: int) -> list[list[object]]:
-    """These rows of ``width`` values as that many columns."""
-    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * width
+def _lease(lease: Lease | None) -> dict[str, object]:
+    """The owner and token of ``lease`` as the function reads them."""
+    owner, token = lease_args(lease)
+    return {"owner": owner, "token": token}

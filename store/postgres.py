@@ -468,21 +468,21 @@ class _Tx:
         args: Sequence[Any] = (),
         numbered: bool = False,
         begin: tuple[str, tuple[object, ...]] | None = None,
+        *,
+        bound: bool = False,
     ) -> Cursor:
         """Begin (as ``begin`` says, else as the transaction does), and run
         ``query`` (if any) in the same round trip; the cursor is left at the
-        query's rows."""
+        query's rows. A ``bound`` query has its values in its text already
+        (and ``args`` is empty): the whole goes out as it is, not read again
+        for placeholders."""
         head, head_args = begin or self._begin or (_BEGIN_READ, ())
         head = self._db.timed(head)
-        if numbered:
-            head, named = _named(head, len(head_args))
-            params: Sequence[Any] | dict[str, Any] = {
-                **dict(zip(named, head_args, strict=True)),
-                **_args(args, numbered),  # type: ignore[dict-item]
-            }
+        if bound:
+            bound_head = psycopg.ClientCursor(self._conn).mogrify(head, head_args)
+            cur = self._conn.execute(f"{bound_head}; {query}")
         else:
-            params = [*head_args, *_args(args, numbered)]
-        cur = self._conn.execute(f"{head}; {query}" if query else head, params)
+            cur = self._conn.execute(*self._bind(head, head_args, query, args, numbered))
         self.begun = True
         ahead = head.count(";") + 1  # the head's results, each its own set
         if self._begin is not None:
@@ -493,6 +493,25 @@ class _Tx:
         for _ in range(ahead if query else 0):
             cur.nextset()
         return cur
+
+    @staticmethod
+    def _bind(
+        head: str,
+        head_args: tuple[object, ...],
+        query: str,
+        args: Sequence[Any],
+        numbered: bool,
+    ) -> tuple[str, Sequence[Any] | dict[str, Any]]:
+        """The text and values of ``head`` and ``query`` sent as one."""
+        if numbered:
+            head, named = _named(head, len(head_args))
+            params: Sequence[Any] | dict[str, Any] = {
+                **dict(zip(named, head_args, strict=True)),
+                **_args(args, numbered),  # type: ignore[dict-item]
+            }
+        else:
+            params = [*head_args, *_args(args, numbered)]
+        return (f"{head}; {query}" if query else head), params
 
     def locking(self, *, skip: bool = False) -> str:
         """The clause that locks the rows a SELECT returns, in the order it
@@ -550,7 +569,7 @@ class _Tx:
             assert self._begin is not None and self._begin[0].endswith(f"; {_MARK}")
             head, head_args = self._begin
             unmarked = (head.removesuffix(f"; {_MARK}"), head_args[:-2])
-            return self._start(text.replace("%", "%%"), begin=unmarked)
+            return self._start(text, begin=unmarked, bound=True)
         except psycopg.Error as e:
             if not (_lost(self._conn, e) or e.sqlstate is None):
                 raise  # the server's own answer: it did not commit
