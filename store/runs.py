@@ -49,6 +49,11 @@ class CheckedStep:
     kind: str
     needs: frozenset[str]
 
+    @property
+    def stored_needs(self) -> str:
+        """``needs`` as the step's row keeps them: a sorted JSON array."""
+        return json.dumps(sorted(self.needs))
+
 
 def check_steps(steps: object) -> tuple[list[CheckedStep], list[str]]:
     """Validate and normalise a run's steps: the one place this is done.
@@ -198,8 +203,8 @@ def _view(
 QUEUE_FUNCTION = f"""
 CREATE FUNCTION store_queue_run(
     r_id TEXT, r_generation BIGINT, may_place BOOLEAN, placeable BOOLEAN,
-    r_warnings TEXT, s_seq INTEGER[], s_name TEXT[], s_kind TEXT[], s_needs TEXT[],
-    r_record TEXT, at DOUBLE PRECISION, OUT verdict TEXT, OUT queued_at DOUBLE PRECISION
+    r_warnings TEXT, r_steps JSON, r_record TEXT, at DOUBLE PRECISION,
+    OUT verdict TEXT, OUT queued_at DOUBLE PRECISION
 ) LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -221,7 +226,7 @@ BEGIN
             VALUES (r_id, 'QUEUED', queued_at, r_warnings);
         INSERT INTO steps (run_id, seq, name, kind, needs)
             SELECT r_id, s.seq, s.name, s.kind, s.needs
-              FROM unnest(s_seq, s_name, s_kind, s_needs) AS s (seq, name, kind, needs);
+              FROM json_to_recordset(r_steps) AS s (seq INTEGER, name TEXT, kind TEXT, needs TEXT);
         INSERT INTO records (run_id, state, opened_at, steps)
             VALUES (r_id, 'QUEUED', at, r_record);
         verdict := 'queued';
@@ -253,10 +258,12 @@ def queue(
         fleet.generation,
         bool(lease_ttl),
         fleet.placeable(needs, max_leases),
-        [s.seq for s in checked],
-        [s.name for s in checked],
-        [s.kind for s in checked],
-        [json.dumps(sorted(s.needs)) for s in checked],
+        json.dumps(
+            [
+                {"seq": s.seq, "name": s.name, "kind": s.kind, "needs": s.stored_needs}
+                for s in checked
+            ]
+        ),
         json.dumps(warnings),
         record.opening([(s.seq, s.name) for s in checked], []),
     )
@@ -277,17 +284,14 @@ def queue_on_server(conn: Tx, new: NewRun, *, now: str) -> tuple[str, float]:
     the run was created (if queued)."""
     verdict, created_at = conn.finish(
         "SELECT verdict, queued_at FROM store_queue_run(?, ?, ?::boolean, ?::boolean, ?,"
-        f" ?::integer[], ?::text[], ?::text[], ?::text[], ?, {now})",
+        f" ?::json, ?, {now})",
         (
             new.run_id,
             new.generation,
             new.may_place,
             new.placeable,
             new.warnings,
-            new.seqs,
-            new.names,
-            new.kinds,
-            new.needs,
+            new.steps,
             new.record,
         ),
     ).fetchone()
@@ -310,10 +314,7 @@ def insert_steps(
     """Insert a run's checked steps, each on ``node_of[seq]`` or on no node."""
     conn.executemany(
         "INSERT INTO steps (run_id, seq, name, kind, needs, node_id) VALUES (?, ?, ?, ?, ?, ?)",
-        (
-            (run_id, s.seq, s.name, s.kind, json.dumps(sorted(s.needs)), node_of.get(s.seq, ""))
-            for s in steps
-        ),
+        ((run_id, s.seq, s.name, s.kind, s.stored_needs, node_of.get(s.seq, "")) for s in steps),
     )
 
 

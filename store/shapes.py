@@ -293,11 +293,9 @@ class NewRun:
     may_place: bool
     #: Whether the run could be placed with every node free.
     placeable: bool
-    #: Its steps as columns: seq, name, kind, needs (JSON).
-    seqs: list[int]
-    names: list[str]
-    kinds: list[str]
-    needs: list[str]
+    #: Its steps, as JSON: an array of objects with ``seq``, ``name``,
+    #: ``kind`` and ``needs`` (itself the JSON text the step keeps).
+    steps: str
     #: Its warnings and the steps of its Record, as JSON.
     warnings: str
     record: str
