@@ -40,7 +40,7 @@ echo "scenario $scenario, $runs run(s); logs in $logs"
 for ((i = 1; i <= runs; i++)); do
     log="$logs/run-$i.log"
     start=$SECONDS
-    (cd "$here" && CHAOS_LOGS="$logs/run-$i" "$python" -m pytest -q -s "${select[@]}") >"$log" 2>&1
+    (cd "$here" && CHAOS_LOGS="$logs/run-$i" "$python" -m pytest -q -s -n 0 "${select[@]}") >"$log" 2>&1
     status=$?
     took=$((SECONDS - start))
     if [ "$status" -eq 0 ]; then
