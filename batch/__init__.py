@@ -13,6 +13,7 @@ from .errors import BatchError, InvalidJob, JobNotFound, RetryLater, RunnerClose
 from .hooks import Hooks
 from .model import Caller, CallerLike, Config, Job, Statistics, Target, TargetStatus
 from .runner import Fetch, Runner
+from .states import JobStatus, Reason, TargetState
 
 __all__ = [
     "BatchError",
@@ -25,12 +26,15 @@ __all__ = [
     "InvalidJob",
     "Job",
     "JobNotFound",
+    "JobStatus",
+    "Reason",
     "RetryLater",
     "Runner",
     "RunnerClosed",
     "Statistics",
     "Target",
     "TargetError",
+    "TargetState",
     "TargetStatus",
     "__version__",
 ]

@@ -8,11 +8,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from .context import Context
 from .errors import RetryLater, TargetError
 from .model import Target
+from .states import TargetState
 
 __all__ = ["INTERNAL_ERROR", "Outcome", "attempt", "attempt_async"]
 
@@ -33,18 +34,19 @@ INTERNAL_ERROR = "internal error"
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What one fetch came to. ``busy``: the target stays pending; ``done``:
-    ``result`` holds its JSON; ``failed``: ``error`` and ``hint`` say why.
+    """What one fetch came to: the status its target is to have. ``done``:
+    ``result`` holds its JSON; ``failed``: ``error`` and ``hint`` say why;
+    ``pending``: the upstream was busy, and the target is to be tried again.
     ``err`` is what the fetch raised (or why its result was refused), for the
     hooks only."""
 
-    status: Literal["done", "failed", "busy"]
+    status: TargetState
     seconds: float
     result: str | None = None
     error: str | None = None
     hint: str | None = None
     err: BaseException | None = None
-    #: For ``busy``: the seconds the upstream asked to wait (``RetryLater.after``).
+    #: For a busy upstream: the seconds it asked to wait (``RetryLater.after``).
     after: float = 0.0
 
     @property
@@ -62,7 +64,11 @@ class Outcome:
             else f"still busy after retrying for {retry_for:g}s"
         )
         return Outcome(
-            "failed", self.seconds, error=self.error, hint=f"{why}; try again later", err=self.err
+            TargetState.FAILED,
+            self.seconds,
+            error=self.error,
+            hint=f"{why}; try again later",
+            err=self.err,
         )
 
 
@@ -115,7 +121,7 @@ def _guarded(
             log.error(  # noqa: TRY400 - the exception logged is exc, not the one handled
                 "fetch of %r failed; stored as %r", target.ref, INTERNAL_ERROR, exc_info=exc
             )
-        return Outcome("failed", time.monotonic() - start, error=INTERNAL_ERROR, err=exc)
+        return Outcome(TargetState.FAILED, time.monotonic() - start, error=INTERNAL_ERROR, err=exc)
 
 
 def _success(value: object, seconds: float) -> Outcome:
@@ -132,7 +138,7 @@ def _success(value: object, seconds: float) -> Outcome:
     except (TypeError, ValueError, RecursionError) as exc:
         why = _text(exc)
         return Outcome(
-            "failed",
+            TargetState.FAILED,
             seconds,
             error="result is not JSON-serializable",
             hint=f"{why}; return dicts, lists, strings, finite numbers, booleans or None",
@@ -140,17 +146,21 @@ def _success(value: object, seconds: float) -> Outcome:
         )
     # Anything else the encoding raises (a mapping whose items() raise, no
     # memory for a huge result) is the guard's: stored "internal error".
-    return Outcome("done", seconds, result=text)
+    return Outcome(TargetState.DONE, seconds, result=text)
 
 
 def _failure(exc: BaseException, seconds: float) -> Outcome:
     if isinstance(exc, TargetError):
         hint = None if exc.hint is None else _text(exc.hint)
-        return Outcome("failed", seconds, error=_text(exc.msg), hint=hint, err=exc)
+        return Outcome(TargetState.FAILED, seconds, error=_text(exc.msg), hint=hint, err=exc)
     busy = _retry_later(exc)
     if busy is not None:
         return Outcome(
-            "busy", seconds, error=_text(busy) or "upstream busy", err=exc, after=busy.after or 0.0
+            TargetState.PENDING,
+            seconds,
+            error=_text(busy) or "upstream busy",
+            err=exc,
+            after=busy.after or 0.0,
         )
     raise exc  # the guard in attempt() logs it and stores "internal error"
 

@@ -69,14 +69,14 @@ from . import demo, web
 from .errors import InvalidJob, JobNotFound
 from .model import Config, Target
 from .progress import SHORT_ID, JobCaller, LiveRun, summary
+from .states import LIVE_JOB, JobStatus, TargetState
 
 __all__ = ["console_main", "main"]
 
 BATCH_DB = "BATCH_DB"
 DEFAULT_DB = "batch.sqlite3"
-JOB_STATUSES = ("queued", "running", "done", "failed", "partial", "cancelled")
 #: A job that ended in one of these did not do all it was asked: exit status 1.
-SHORT_OF_DONE = ("failed", "partial", "cancelled")
+SHORT_OF_DONE = (JobStatus.FAILED, JobStatus.PARTIAL, JobStatus.CANCELLED)
 #: Seconds between looks at the store by ``wait``.
 WAIT_POLL = 0.1
 
@@ -128,8 +128,8 @@ def _requeue(args: argparse.Namespace) -> Output:
         job = _find(db, args.job)
     # What did not end done: the failures, and what a cancelled or
     # interrupted job left pending.
-    again = [t.ref for t in job.targets if t.status != "done"]
-    if job.status in ("queued", "running"):
+    again = [t.ref for t in job.targets if t.status != TargetState.DONE]
+    if job.status in LIVE_JOB:
         raise Failure(f"job {job.id[:SHORT_ID]} is still {job.status}: requeue it once it ended")
     if not again:
         raise Failure(f"job {job.id[:SHORT_ID]} has nothing to fetch again: every target is done")
@@ -302,7 +302,8 @@ def _save_dir(path: str | None) -> str | None:
 def _jobs(args: argparse.Namespace) -> Output:
     """List the stored jobs."""
     with store.open(args.db, readonly=True) as db:
-        jobs = db.list_jobs(owner=args.caller, status=args.status)
+        status = None if args.status is None else JobStatus(args.status)
+        jobs = db.list_jobs(owner=args.caller, status=status)
     return Output([_job_json(j) for j in jobs], _job_table(jobs))
 
 
@@ -345,7 +346,7 @@ def _wait(args: argparse.Namespace) -> Output:
     deadline = time.monotonic() + args.timeout if args.timeout is not None else None
     with stopping() as stop, store.open(args.db, readonly=True) as db:
         job = _find(db, args.job)
-        while job.status in ("queued", "running"):
+        while job.status in LIVE_JOB:
             if (reason := stop()) is not None:
                 return Output(None, "", _stopped_status(reason))
             if deadline is not None and time.monotonic() >= deadline:
@@ -402,9 +403,9 @@ def _summary(job: store.JobRow) -> store.JobSummary:
         job.created_at,
         job.updated_at,
         job.nbytes,
-        statuses.count("done"),
-        statuses.count("failed"),
-        statuses.count("pending"),
+        statuses.count(TargetState.DONE),
+        statuses.count(TargetState.FAILED),
+        statuses.count(TargetState.PENDING),
         job.name,
     )
 
@@ -507,7 +508,7 @@ def _parser(prog: str) -> Parser:
 
     p = add("jobs", _jobs, parents=[as_json])
     p.add_argument("--caller", type=_text, help="only this caller's jobs")
-    p.add_argument("--status", choices=JOB_STATUSES, help="only jobs in this status")
+    p.add_argument("--status", choices=tuple(JobStatus), help="only jobs in this status")
 
     for name, handler in (("status", _status), ("targets", _targets), ("cancel", _cancel)):
         p = add(name, handler, parents=[as_json])

@@ -10,13 +10,13 @@ from collections.abc import Iterator
 from typing import TypeVar
 
 import store
-from store.schema import LIVE_JOB
 
 from .attempt import Outcome
 from .errors import RetryLater
 from .hooks import call_hook
 from .rotation import LiveJob
 from .state import State
+from .states import LIVE_JOB, JobStatus, Reason, TargetState, ended_status
 
 __all__ = ["finished", "give_back_starting", "record", "take_starting", "unlocked"]
 
@@ -76,7 +76,7 @@ def _ended(s: State[C], job: LiveJob[C], outcome: Outcome, now: float) -> Outcom
     """The outcome to store for ``job``'s target, or None when it came back
     busy and is to be tried again (rule 3): then the job waits on
     ``retry_at``, or leaves if halted meanwhile."""
-    if outcome.status != "busy":
+    if outcome.status is not TargetState.PENDING:
         return outcome
     if job.halted:
         s.settle(job)  # it leaves: nothing more of it will be tried
@@ -150,7 +150,7 @@ def _save(s: State[C], ended: list[tuple[LiveJob[C], Outcome]]) -> None:
             end = outcomes[i].job_status if i in stored.ended else None
             if i in stored.cancelled:
                 job.cancelled = True
-                job.ctx.cancel("cancelled")
+                job.ctx.cancel(Reason.CANCELLED)
             _advance(s, job, outcome, end)
         if refused:
             _resync(s, refused)
@@ -242,7 +242,9 @@ def _resync_one(
         job.lost = True
         s.settle(job)
         return
-    pending = next((t.pos for t in row.targets if t.status == "pending"), len(row.targets))
+    pending = next(
+        (t.pos for t in row.targets if t.status == TargetState.PENDING), len(row.targets)
+    )
     if pending == job.next + 1:
         # This outcome was stored by a try whose answer was lost.
         log.info("job %s: target %d was stored by a commit reported failed", job.id, job.next)
@@ -256,13 +258,13 @@ def _resync_one(
             job.next,
         )
     job.next = pending
-    job.done = sum(t.status == "done" for t in row.targets[:pending])
+    job.done = sum(t.status == TargetState.DONE for t in row.targets[:pending])
     job.failed = pending - job.done
     job.busy_since = None
     job.retry_at = 0.0
-    if row.status == "cancelled":
+    if row.status == JobStatus.CANCELLED:
         job.cancelled = True  # the cancel called the job hook
-        job.ctx.cancel("cancelled")
+        job.ctx.cancel(Reason.CANCELLED)
     elif not live:
         # Ended by the commit whose answer was lost: reported now, once.
         s.ended(job.id, job.owner, row.status, s.clock.monotonic() - job.created)
@@ -299,8 +301,8 @@ def _stored(job: LiveJob[C], outcome: Outcome) -> store.TargetOutcome:
     cancelled."""
     end = None
     if not job.cancelled and job.next + 1 == len(job.targets):
-        done = job.done + (outcome.status == "done")
-        end = store.ended_status(done, job.next + 1 - done)
+        done = job.done + (outcome.status is TargetState.DONE)
+        end = ended_status(done, job.next + 1 - done)
     return store.TargetOutcome(
         job.id,
         job.next,
@@ -313,12 +315,12 @@ def _stored(job: LiveJob[C], outcome: Outcome) -> store.TargetOutcome:
     )
 
 
-def _advance(s: State[C], job: LiveJob[C], outcome: Outcome, end: str | None) -> None:
+def _advance(s: State[C], job: LiveJob[C], outcome: Outcome, end: JobStatus | None) -> None:
     """Move ``job`` past the target whose ``outcome`` was just stored, and
     out of the rotation if that ended it (``end``) or it was halted."""
     job.next += 1
-    job.done += outcome.status == "done"
-    job.failed += outcome.status != "done"
+    job.done += outcome.status is TargetState.DONE
+    job.failed += outcome.status is not TargetState.DONE
     job.busy_since = None
     job.retry_at = 0.0
     s.stored(outcome.err, outcome.seconds, outcome.nbytes)

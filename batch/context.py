@@ -5,13 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import Literal
 
-__all__ = ["Context", "Reason"]
+from .states import Reason
 
-#: Why a context is cancelled: the runner closes, or the fetch's job was
-#: cancelled (through any runner on the store).
-Reason = Literal["closed", "cancelled"]
+__all__ = ["Context"]
 
 #: Guards every context's ``_reason``, ``_event`` and ``_waiters``: taken
 #: only to cancel one or to start waiting on one, never while waiting, so
@@ -79,7 +76,7 @@ class Context:
                     self._waiters.remove((loop, future))
         return self.cancelled()
 
-    def cancel(self, reason: Reason = "closed") -> None:
+    def cancel(self, reason: Reason = Reason.CLOSED) -> None:
         """Cancel: every ``wait`` returns True at once, now and later. The
         first reason given stands."""
         with _LOCK:

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import store
-from store.schema import LIVE_JOB
 
 from .commit import give_back_starting, take_starting, unlocked
 from .context import Context
@@ -17,6 +16,7 @@ from .errors import TargetError
 from .model import Target
 from .rotation import LiveJob
 from .state import State
+from .states import LIVE_JOB, JobStatus, TargetState
 
 __all__ = ["INTERRUPTED_HINT", "beat", "keep", "on_notice"]
 
@@ -295,7 +295,7 @@ def _run_or_end(
     """Run a job just leased to this runner, from its first pending target
     (returns it), or end it ``interrupted`` if there is no ``caller`` for
     it or nothing pending. Lock held; released while the store ends it."""
-    pending = [t.pos for t in row.targets if t.status == "pending"]
+    pending = [t.pos for t in row.targets if t.status == TargetState.PENDING]
     age = max(0.0, time.time() - row.created_at)
     if caller is None or not pending:
         trouble = s.trouble("ending jobs no runner goes on with")
@@ -323,8 +323,8 @@ def _run_or_end(
         Context(s.ctx),
     )
     job.next = pending[0]
-    job.started = row.status == "running"
-    job.done = sum(t.status == "done" for t in row.targets[: job.next])
+    job.started = row.status == JobStatus.RUNNING
+    job.done = sum(t.status == TargetState.DONE for t in row.targets[: job.next])
     job.failed = job.next - job.done
     s.add([job])
     return job

@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 from json.scanner import make_scanner
 from typing import Any, Literal, Protocol
 
-from store.schema import LIVE_JOB
-
 from .errors import InvalidJob
+from .states import LIVE_JOB, JobStatus, TargetState
 
 __all__ = [
     "MAX_REF_BYTES",
@@ -96,14 +95,14 @@ class TargetStatus:
     ``result`` is the decoded JSON of a done target."""
 
     target: Target
-    status: str
+    status: TargetState
     result: Any = None
     error: str | None = None
     hint: str | None = None
 
 
 def stored_targets(
-    rows: Iterable[tuple[int, str, str, str | None, str | None, str | None]],
+    rows: Iterable[tuple[int, str, TargetState, str | None, str | None, str | None]],
 ) -> list[TargetStatus]:
     """The targets of a job as the store holds them (its rows: position,
     ref, status, result JSON, error, hint), decoded.
@@ -154,7 +153,7 @@ class Job:
     epoch seconds; ``targets`` are in submit order."""
 
     id: str
-    status: str
+    status: JobStatus
     created_at: float
     updated_at: float
     targets: list[TargetStatus]

@@ -24,6 +24,7 @@ from .errors import RetryLater
 from .hooks import Hooks
 from .model import Config, Target
 from .runner import Fetch, Runner
+from .states import EVICTED, TERMINAL_JOB, JobStatus, TargetState
 
 __all__ = ["SHORT_ID", "Board", "JobCaller", "LiveRun", "summary", "table"]
 
@@ -41,7 +42,7 @@ SHORT_ID = 12
 
 #: The statuses a job shown here ends in: its own terminal ones, or
 #: ``evicted`` when it ended and ``Config.max_bytes`` evicted it before a look.
-ENDED = frozenset({"done", "failed", "partial", "cancelled", "evicted"})
+ENDED = frozenset({*TERMINAL_JOB, EVICTED})
 
 
 class JobCaller:
@@ -179,7 +180,7 @@ class Board:
             if row is None:
                 out.append(((None,), f"{head}  (evicted)"))
                 continue
-            wait = job.retry_in(now) if row.status == "running" else 0.0
+            wait = job.retry_in(now) if row.status == JobStatus.RUNNING else 0.0
             status = f"busy {wait:.1f}s" if wait >= 0.05 else row.status
             out.append(
                 (
@@ -301,7 +302,7 @@ class LiveRun:
     def status(self, job: JobCaller) -> str:
         """The job's status as last read, or ``evicted``."""
         row = self.rows.get(job.job)
-        return "evicted" if row is None else row.status
+        return EVICTED if row is None else row.status
 
     def cancel(self) -> int:
         """Cancel every job still live; return how many were."""
@@ -320,7 +321,7 @@ class LiveRun:
         for job in self.jobs:
             row = self.rows.get(job.job)
             if row is not None and row.failed:
-                found += [(job, t) for t in self._targets(job) if t.status == "failed"]
+                found += [(job, t) for t in self._targets(job) if t.status == TargetState.FAILED]
         return found
 
     def _targets(self, job: JobCaller) -> tuple[store.TargetRow, ...]:

@@ -35,6 +35,7 @@ from .model import (
 )
 from .rotation import LiveJob
 from .state import State
+from .states import JobStatus, Reason, TargetState
 
 __all__ = ["Fetch", "Runner"]
 
@@ -262,11 +263,11 @@ class Runner(Generic[C]):
         if row is None:
             raise JobNotFound(f"no job {job_id!r}")
         status = row.status
-        if status == "queued":
+        if status == JobStatus.QUEUED:
             with s.lock:
                 live = s.rotation.get(row.id)
                 if live is not None and live.started and not s.closed:
-                    status = "running"
+                    status = JobStatus.RUNNING
         return Job(
             name=row.name,
             id=row.id,
@@ -309,7 +310,7 @@ class Runner(Generic[C]):
         if not s.store.cancel_job(job_id, owner):
             return False  # unknown, another caller's, or ended already
         with s.lock:
-            s.ended(job_id, owner, "cancelled", None)
+            s.ended(job_id, owner, JobStatus.CANCELLED, None)
             s.cancelled(job_id)
         # This runner may hold a stale copy of a job another has taken
         # since: every runner of this process that holds it is told.
@@ -375,7 +376,7 @@ class Runner(Generic[C]):
         job = self.status(caller, job_id)
         if not job.terminal:
             raise InvalidJob(f"job {job_id!r} is still {job.status}: requeue it once it ended")
-        failed = [t.target for t in job.targets if t.status == "failed"]
+        failed = [t.target for t in job.targets if t.status == TargetState.FAILED]
         if not failed:
             raise InvalidJob(f"job {job_id!r} has no failed target")
         return self.submit(caller, failed)
@@ -424,7 +425,7 @@ class Runner(Generic[C]):
         try:
             s.closed = True
             for job in s.rotation:
-                job.ctx.cancel("closed")
+                job.ctx.cancel(Reason.CLOSED)
             s.idle.wake_all()
             s.writes.notify_all()
             s.changed_all()

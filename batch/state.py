@@ -20,6 +20,7 @@ from .hooks import Hooks, call_hook
 from .idle import Idle, ThreadSleeper
 from .model import Config
 from .rotation import LiveJob, Rotation
+from .states import JobStatus, Reason
 from .trouble import Trouble
 
 __all__ = ["Counts", "State"]
@@ -164,7 +165,7 @@ class State(Generic[C]):
         for job in jobs:
             self.rotation.add(job)
             if self.closed:
-                job.ctx.cancel("closed")
+                job.ctx.cancel(Reason.CLOSED)
         call_hook(self.hooks.depth, len(self.rotation))
         self.wake_worker()
 
@@ -180,7 +181,7 @@ class State(Generic[C]):
         self.counts.retries += 1
         call_hook(self.hooks.retry, err, wait)
 
-    def ended(self, job_id: str, owner: str, status: str, seconds: float | None) -> None:
+    def ended(self, job_id: str, owner: str, status: JobStatus, seconds: float | None) -> None:
         """A job became terminal (``seconds`` after it was submitted; None
         for a cancelled one, which gets no ``job_seconds``)."""
         self.counts.ended[status] = self.counts.ended.get(status, 0) + 1
@@ -212,7 +213,7 @@ class State(Generic[C]):
             job.lost = True
         else:
             job.cancelled = True
-            job.ctx.cancel("cancelled")
+            job.ctx.cancel(Reason.CANCELLED)
         if job.running:
             self.changed(job.id)
         else:

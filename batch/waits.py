@@ -16,11 +16,10 @@ import math
 from collections.abc import Collection
 from typing import TypeVar
 
-from store.schema import LIVE_JOB
-
 from .commit import unlocked
 from .errors import JobNotFound, RunnerClosed
 from .state import State
+from .states import LIVE_JOB
 
 __all__ = ["WAIT_POLL", "ended", "ended_async", "loop_deadline"]
 

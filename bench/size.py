@@ -101,7 +101,9 @@ def store_cost(base: str, stores: int, evicting: bool) -> float:
 
         def store_next() -> None:
             pos, result = next(outcomes)
-            evicted = db.store_target(job_id, pos, "done", result=result, max_bytes=budget)
+            evicted = db.store_target(
+                job_id, pos, store.TargetState.DONE, result=result, max_bytes=budget
+            )
             if len(evicted) != int(evicting):
                 raise RuntimeError(f"stored target {pos} evicted {len(evicted)} jobs")
 

@@ -12,6 +12,7 @@ test can compare it with the committed file.
 from __future__ import annotations
 
 import ast
+import enum
 import importlib
 import inspect
 import re
@@ -92,7 +93,9 @@ def _class(full: str, cls: type) -> list[str]:
     bases = [b.__name__ for b in cls.__bases__ if b not in (object, Generic)]
     if bases:
         blocks.append("Bases: " + ", ".join(f"`{b}`" for b in bases) + ".")
-    if not _is_protocol(cls):
+    if issubclass(cls, enum.Enum):
+        blocks.append(_code("\n".join(f'{full}.{m.name} = "{m.value}"' for m in cls)))
+    elif not _is_protocol(cls):
         blocks.append(_code(_call(full, _init(cls))))
     blocks.append(_doc(cls))
     for name, member in _members(cls):
@@ -181,7 +184,8 @@ def _call(name: str, sig: inspect.Signature | None) -> str:
         return f"{name}(*args)"
     sig = sig.replace(
         parameters=[
-            p.replace(annotation=_annotation(p.annotation)) for p in sig.parameters.values()
+            p.replace(annotation=_annotation(p.annotation), default=_default(p.default))
+            for p in sig.parameters.values()
         ],
         return_annotation=_annotation(sig.return_annotation),
     )
@@ -204,6 +208,14 @@ def _call(name: str, sig: inspect.Signature | None) -> str:
     tail = "" if ret is inspect.Signature.empty else f" -> {ret!r}"
     body = "".join(f"    {p},\n" for p in params)
     return f"{name}(\n{body}){tail}"
+
+
+def _default(value: Any) -> Any:
+    """A parameter's default as its source names it (an enum's member by
+    name, not its repr)."""
+    if isinstance(value, enum.Enum):
+        return _Source(f"{type(value).__name__}.{value.name}")
+    return value
 
 
 def _annotation(annotation: Any) -> Any:

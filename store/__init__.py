@@ -13,7 +13,6 @@ __version__ = "0.2.0"
 from .db import CANCELLED, RESYNC, WORK
 from .errors import Conflict, InvalidRun, NotFound, StoreError, Unsatisfiable
 from .record import label
-from .schema import JobStatus, ended_status
 from .shapes import (
     Advert,
     Assigned,
@@ -31,6 +30,7 @@ from .shapes import (
     TargetOutcome,
     TargetRow,
 )
+from .states import JobStatus, RunState, StepState, TargetState, ended_status
 from .store import Store, open
 
 __all__ = [
@@ -50,14 +50,17 @@ __all__ = [
     "Lease",
     "NodeView",
     "NotFound",
+    "RunState",
     "RunView",
     "Step",
+    "StepState",
     "StepView",
     "Store",
     "StoreError",
     "Stored",
     "TargetOutcome",
     "TargetRow",
+    "TargetState",
     "Unsatisfiable",
     "__version__",
     "ended_status",

@@ -37,7 +37,8 @@ from .console import (
     seconds_or_never,
     table,
 )
-from .shapes import RUN_STATES, NodeView, RunView
+from .shapes import NodeView, RunView
+from .states import RunState
 from .store import Store
 from .store import open as open_store
 
@@ -172,8 +173,9 @@ def run_time(run: RunView, now: float) -> str:
     """How long the run has waited (QUEUED), run (RUNNING) or took (ended)."""
     placed = ran(run, now)
     if placed is None:
-        return f"{'waiting' if run.state == 'QUEUED' else 'waited'} {duration(waited(run, now))}"
-    return f"{'running' if run.state == 'RUNNING' else 'took'} {duration(placed)}"
+        word = "waiting" if run.state == RunState.QUEUED else "waited"
+        return f"{word} {duration(waited(run, now))}"
+    return f"{'running' if run.state == RunState.RUNNING else 'took'} {duration(placed)}"
 
 
 def run_json(run: RunView, now: float) -> dict[str, Any]:
@@ -280,7 +282,7 @@ def nodes_command(args: argparse.Namespace) -> Output:
 def runs_command(args: argparse.Namespace) -> Output:
     """Runs in FIFO order, all or of one state."""
     with open_view(args.db) as db:
-        runs = db.list_runs(state=args.state)
+        runs = db.list_runs(state=None if args.state is None else RunState(args.state))
     now = time.time()
     return Output([run_json(r, now) for r in runs], run_table(runs, now))
 
@@ -295,14 +297,14 @@ def show_command(args: argparse.Namespace) -> Output:
     return Output(
         {**run_json(run, now), "record": record},
         f"{run_summary(run, record, now)}\n\n{step_table(run)}",
-        EXIT_FAILED if run.state == "FAILED" else 0,
+        EXIT_FAILED if run.state == RunState.FAILED else 0,
     )
 
 
 def queue_command(args: argparse.Namespace) -> Output:
     """The QUEUED runs in the order they will be promoted, what they wait for."""
     with open_view(args.db) as db:
-        runs = db.list_runs(state="QUEUED")
+        runs = db.list_runs(state=RunState.QUEUED)
     now = time.time()
     rows = (
         (str(i), r.run_id, duration(waited(r, now)), str(len(r.steps)), step_needs(r))
@@ -342,7 +344,7 @@ def explanation(why: dict[str, Any], now: float) -> str:
         for i, node in enumerate(candidates):
             cells = first if i == 0 else ("", "", "")
             rows.append((*cells, *_why_not(node, now)))
-    if why["state"] != "QUEUED":
+    if why["state"] != RunState.QUEUED:
         verdict = f"not waiting: it is {why['state']}"
     elif all(any(n["why"] is None for n in s["nodes"]) for s in why["steps"]):
         verdict = "it fits now: the next wake promotes it"
@@ -357,7 +359,7 @@ def explanation(why: dict[str, Any], now: float) -> str:
             ("verdict", verdict),
         ]
     )
-    return head if why["state"] != "QUEUED" else f"{head}\n\n{table(WHY_HEADER, rows)}"
+    return head if why["state"] != RunState.QUEUED else f"{head}\n\n{table(WHY_HEADER, rows)}"
 
 
 #: What ``reserving`` means, where a run reserves.
@@ -401,7 +403,7 @@ def wake_command(args: argparse.Namespace) -> Output:
     promotes are not returned; so the runs QUEUED beforehand are read first,
     and those that have started since count as promoted too."""
     with open_view(args.db) as db:
-        queued = [r.run_id for r in db.list_runs(state="QUEUED")]
+        queued = [r.run_id for r in db.list_runs(state=RunState.QUEUED)]
     with open_to_act(args) as db:
         woken = db.wake_queued(why="asked from the command line")
         runs = [db.get_run(run_id) for run_id in dict.fromkeys([*queued, *woken])]
@@ -420,7 +422,7 @@ def reap_command(args: argparse.Namespace) -> Output:
     """Fail the runs holding an expired lease, and promote the QUEUED runs
     their nodes let start; print both."""
     with open_view(args.db) as db:
-        queued = [r.run_id for r in db.list_runs(state="QUEUED")]
+        queued = [r.run_id for r in db.list_runs(state=RunState.QUEUED)]
     with open_to_act(args) as db:
         failed = [db.get_run(run_id) for run_id in db.reap()]
         woken = [db.get_run(run_id) for run_id in queued]
@@ -514,8 +516,8 @@ def build_parser(prog: str = "python -m store") -> argparse.ArgumentParser:
     add("runs", runs_command, view).add_argument(
         "--state",
         type=str.upper,
-        choices=RUN_STATES,
-        help=f"only the runs in this state: {', '.join(RUN_STATES)} (any case)",
+        choices=tuple(RunState),
+        help=f"only the runs in this state: {', '.join(RunState)} (any case)",
     )
     add("show", show_command, view).add_argument("run_id", metavar="RUN", help="the run id")
     add("queue", queue_command, view)

@@ -17,6 +17,7 @@ from . import match, nodes, waiting
 from .db import Tx
 from .errors import NotFound
 from .shapes import NodeView
+from .states import RunState
 
 __all__ = ["explain"]
 
@@ -56,12 +57,12 @@ def explain(
         )
     ]
     fleet = nodes.list_nodes(conn)
-    queued = state == "QUEUED"
+    queued = state == RunState.QUEUED
     ahead = (
         [
             other
             for (other,) in conn.execute(
-                "SELECT id FROM runs WHERE state = 'QUEUED' AND created_at < ?"
+                f"SELECT id FROM runs WHERE state = '{RunState.QUEUED}' AND created_at < ?"
                 " ORDER BY created_at, id",
                 (created_at,),
             )

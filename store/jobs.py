@@ -13,8 +13,17 @@ from typing import Any
 
 from .db import Tx, in_list
 from .fence import fenced, lease_args
-from .schema import LIVE_JOB, TERMINAL_JOB, JobStatus, ended_status
 from .shapes import JobRow, JobSummary, Lease, TargetRow
+from .states import (
+    LIVE_JOB,
+    LIVE_SQL,
+    TARGET_STATES,
+    TERMINAL_JOB,
+    TERMINAL_SQL,
+    JobStatus,
+    TargetState,
+    ended_status,
+)
 
 __all__ = [
     "JOB_COLUMNS",
@@ -45,11 +54,11 @@ NO_LIMIT = 2**62
 # The statements that move one job, made once.
 _END_JOB = (
     "UPDATE jobs SET status = ?1, updated_at = ?2, touched_at = ?2, lease_owner = NULL"
-    " WHERE id = ?3 AND status IN ('queued', 'running')" + fenced(4, 5)
+    f" WHERE id = ?3 AND status IN {LIVE_SQL}" + fenced(4, 5)
 )
 _MOVE_JOB = (
     "UPDATE jobs SET status = ?1, updated_at = ?2"
-    " WHERE id = ?3 AND status IN ('queued', 'running')" + fenced(4, 5)
+    f" WHERE id = ?3 AND status IN {LIVE_SQL}" + fenced(4, 5)
 )
 
 
@@ -77,7 +86,7 @@ def create_jobs(
     conn.executemany(
         "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, runner_id,"
         " lease_owner, lease_token, lease_until, ntargets, name)"
-        " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        f" VALUES (?, ?, '{JobStatus.QUEUED}', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
             (job_id, owner, now, now, now, runner_id, *lease, len(refs), names and names[k])
             for k, (job_id, refs) in enumerate(jobs)
@@ -96,7 +105,7 @@ def insert_targets(conn: Tx, jobs: Sequence[tuple[str, Sequence[str]]]) -> None:
 
 
 def set_job_status(
-    conn: Tx, job_id: str, status: str, now: float, lease: Lease | None = None
+    conn: Tx, job_id: str, status: JobStatus, now: float, lease: Lease | None = None
 ) -> bool:
     """Move a live job to ``status``; a terminal status also touches it and
     releases its lease. Given a ``lease``, only while the job is held with it.
@@ -119,8 +128,8 @@ def cancel_job(conn: Tx, job_id: str, owner: str, now: float) -> bool:
     learns it at its next commit or beat, and releases the lease). False if
     there is no such live job of ``owner``'s."""
     cur = conn.execute(
-        "UPDATE jobs SET status = 'cancelled', updated_at = ?1, touched_at = ?1"
-        " WHERE id = ?2 AND owner = ?3 AND status IN ('queued', 'running')",
+        f"UPDATE jobs SET status = '{JobStatus.CANCELLED}', updated_at = ?1, touched_at = ?1"
+        f" WHERE id = ?2 AND owner = ?3 AND status IN {LIVE_SQL}",
         (now, job_id, owner),
     )
     return cur.rowcount == 1
@@ -131,7 +140,7 @@ def job_status(conn: Tx, job_id: str, owner: str) -> JobStatus | None:
     row = conn.execute(
         "SELECT status FROM jobs WHERE id = ? AND owner = ?", (job_id, owner)
     ).fetchone()
-    return None if row is None else row[0]
+    return None if row is None else JobStatus(row[0])
 
 
 def total_bytes(conn: Tx) -> int:
@@ -190,7 +199,7 @@ def evict_past(conn: Tx, max_bytes: int, total: int) -> tuple[list[str], int]:
     while left > max_bytes:
         row = conn.execute(
             "SELECT id, nbytes FROM jobs"
-            " WHERE status IN ('done', 'failed', 'partial', 'cancelled')"
+            f" WHERE status IN {TERMINAL_SQL}"
             f" ORDER BY touched_at, seq LIMIT 1{conn.locking(skip=True)}"
         ).fetchone()
         if row is None:
@@ -227,7 +236,7 @@ def list_jobs(
     conn: Tx,
     *,
     owner: str | None = None,
-    status: str | None = None,
+    status: JobStatus | None = None,
     ids: Sequence[str] | None = None,
 ) -> list[JobSummary]:
     """Every job (of ``owner``, in ``status``, among ``ids``, when given) in
@@ -238,7 +247,7 @@ def list_jobs(
         " WHERE (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR status = ?2)"
     )
     if ids is None:
-        return [JobSummary(*row) for row in conn.execute(sql + " ORDER BY seq", (owner, status))]
+        return [_summary(*row) for row in conn.execute(sql + " ORDER BY seq", (owner, status))]
     rows: list[Any] = []
     for start in range(0, len(ids), 500):
         chunk = ids[start : start + 500]
@@ -247,7 +256,11 @@ def list_jobs(
             sql.replace("SELECT id,", "SELECT seq, id,") + f" AND id IN ({marks})",
             (owner, status, *chunk),
         ).fetchall()
-    return [JobSummary(*row[1:]) for row in sorted(rows)]
+    return [_summary(*row[1:]) for row in sorted(rows)]
+
+
+def _summary(job_id: str, owner: str, status: str, *rest: Any) -> JobSummary:
+    return JobSummary(job_id, owner, JobStatus(status), *rest)
 
 
 #: The columns of ``jobs`` a :class:`JobRow` is made of, in its order.
@@ -269,29 +282,31 @@ def with_targets(conn: Tx, rows: Sequence[Any]) -> list[JobRow]:
     targets: dict[str, list[TargetRow]] = {row[0]: [] for row in rows}
     for start in range(0, len(rows), 500):
         where, args = in_list("job_id", [row[0] for row in rows[start : start + 500]])
-        for job_id, *target in conn.execute(
+        for job_id, pos, ref, status, result, error, hint in conn.execute(
             f"SELECT job_id, pos, ref, status, result, error, hint FROM targets WHERE {where}"
             " ORDER BY job_id, pos",
             args,
         ):
-            targets[job_id].append(TargetRow._make(target))
+            targets[job_id].append(
+                _new_row(TargetRow, (pos, ref, TARGET_STATES[status], result, error, hint))
+            )
     return [_job(row, tuple(targets[row[0]])) for row in rows]
 
 
 def interrupt(
     conn: Tx, job_id: str, hint: str, now: float, lease: Lease | None = None
-) -> tuple[str, int] | None:
+) -> tuple[JobStatus, int] | None:
     """End a live job that no runner will go on with: its pending targets
     ``failed`` with error ``interrupted`` and ``hint``, then its status by its
     targets (rule 3). Given a ``lease``, only while the job is held with it.
     Returns that status and how many targets were interrupted, or None if
     the job is not live (or not held with ``lease``)."""
     error = "interrupted"
-    if not set_job_status(conn, job_id, "running", now, lease):
+    if not set_job_status(conn, job_id, JobStatus.RUNNING, now, lease):
         return None
     cur = conn.execute(
-        "UPDATE targets SET status = 'failed', error = ?, hint = ?"
-        " WHERE job_id = ? AND status = 'pending'",
+        f"UPDATE targets SET status = '{TargetState.FAILED}', error = ?, hint = ?"
+        f" WHERE job_id = ? AND status = '{TargetState.PENDING}'",
         (error, hint, job_id),
     )
     nbytes = cur.rowcount * len((error + hint).encode())
@@ -311,16 +326,23 @@ def find_targets(
 ) -> tuple[TargetRow, ...]:
     """The targets of a job, whoever owns it, from position ``start`` on, at
     most ``limit`` of them (None: all); none if there is no such job."""
-    return tuple(
-        map(
-            TargetRow._make,
-            conn.execute(
-                "SELECT pos, ref, status, result, error, hint FROM targets"
-                " WHERE job_id = ? AND pos >= ? ORDER BY pos LIMIT ?",
-                (job_id, start, NO_LIMIT if limit is None else limit),
-            ),
-        )
+    rows = conn.execute(
+        "SELECT pos, ref, status, result, error, hint FROM targets"
+        " WHERE job_id = ? AND pos >= ? ORDER BY pos LIMIT ?",
+        (job_id, start, NO_LIMIT if limit is None else limit),
     )
+    states = TARGET_STATES
+    return tuple(
+        [
+            _new_row(TargetRow, (pos, ref, states[status], result, error, hint))
+            for pos, ref, status, result, error, hint in rows
+        ]
+    )
+
+
+#: Builds a row past ``NamedTuple``'s own ``__new__``: a job of many targets,
+#: read often, costs half as much.
+_new_row = tuple.__new__
 
 
 def _with_targets(conn: Tx, row: Any) -> JobRow:
@@ -330,7 +352,16 @@ def _with_targets(conn: Tx, row: Any) -> JobRow:
 def _job(row: Any, targets: tuple[TargetRow, ...]) -> JobRow:
     job_id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id, name = row
     return JobRow(
-        job_id, owner, status, created_at, updated_at, touched_at, nbytes, targets, runner_id, name
+        job_id,
+        owner,
+        JobStatus(status),
+        created_at,
+        updated_at,
+        touched_at,
+        nbytes,
+        targets,
+        runner_id,
+        name,
     )
 
 

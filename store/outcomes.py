@@ -33,8 +33,8 @@ from .db import Tx, in_list, values
 from .errors import Conflict, NotFound
 from .fence import holds, lease_args
 from .jobs import add_bytes, byte_slot, evict_past, total_bytes
-from .schema import LIVE_JOB
 from .shapes import Lease, Stored, TargetOutcome
+from .states import LIVE_JOB, JobStatus, TargetState
 
 __all__ = ["SERVER_FUNCTION", "record", "record_on_server"]
 
@@ -66,16 +66,19 @@ def record(
     start = {
         job_id: None
         for job_id, lease in starting
-        if (h := seen.get((job_id, -1))) is not None and h[0] == "queued" and holds(*h[:3], lease)
+        if (h := seen.get((job_id, -1))) is not None
+        and h[0] == JobStatus.QUEUED
+        and holds(*h[:3], lease)
     }
     start.update(
         (o.job_id, None)
         for o in stored
-        if o.lease is not None and seen[o.job_id, o.pos][0] == "queued"
+        if o.lease is not None and seen[o.job_id, o.pos][0] == JobStatus.QUEUED
     )
     if start:
         conn.executemany(
-            "UPDATE jobs SET status = 'running', updated_at = ? WHERE id = ? AND status = 'queued'",
+            f"UPDATE jobs SET status = '{JobStatus.RUNNING}', updated_at = ?"
+            f" WHERE id = ? AND status = '{JobStatus.QUEUED}'",
             [(now, job_id) for job_id in start],
         )
     if stored:
@@ -88,7 +91,7 @@ def record(
     for o in stored:
         added = by_job.setdefault(o.job_id, [0, 0, 0])
         added[0] += o.nbytes
-        added[1 if o.status == "done" else 2] += 1
+        added[1 if o.status == TargetState.DONE else 2] += 1
     if by_job:
         conn.executemany(
             "UPDATE jobs SET nbytes = nbytes + ?, ndone = ndone + ?, nfailed = nfailed + ?,"
@@ -154,7 +157,7 @@ def _decide(outcomes: Sequence[TargetOutcome], seen: dict[tuple[str, int], _Seen
             verdicts.append("gone")
         elif not holds(*h[:3], o.lease):
             verdicts.append("lease")
-        elif h[3] != "pending" or (o.job_id, o.pos) in kept:
+        elif h[3] != TargetState.PENDING or (o.job_id, o.pos) in kept:
             verdicts.append("stored")
         else:
             kept.add((o.job_id, o.pos))

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from . import match, node_leases, nodes, record, waiting
 from .db import Tx
 from .shapes import Advert, Assignment
+from .states import RunState
 
 __all__ = ["promote", "wake"]
 
@@ -75,7 +76,8 @@ def promote(
     taken = {a.node_id for a in placed}
     node_leases.issue(conn, run_id, taken, now + lease_ttl)
     conn.execute(
-        "UPDATE runs SET state = 'RUNNING', started_at = ? WHERE id = ? AND state = 'QUEUED'",
+        f"UPDATE runs SET state = '{RunState.RUNNING}', started_at = ?"
+        f" WHERE id = ? AND state = '{RunState.QUEUED}'",
         (now, run_id),
     )
     record.fill_record(conn, run_id, record.label(placed, ads))

@@ -15,6 +15,7 @@ from typing import Any
 from .db import Tx
 from .errors import NotFound
 from .shapes import Assigned, Assignment
+from .states import RunState, StepState
 
 __all__ = ["fill_record", "get_record", "label", "open_record", "seal_record"]
 
@@ -44,7 +45,14 @@ def open_record(
     assigned = list(assigned)
     conn.executemany(
         "INSERT INTO records (run_id, state, opened_at, steps) VALUES (?, ?, ?, ?)",
-        [(run_id, "RUNNING" if assigned else "QUEUED", now, opening(steps, assigned))],
+        [
+            (
+                run_id,
+                RunState.RUNNING if assigned else RunState.QUEUED,
+                now,
+                opening(steps, assigned),
+            )
+        ],
     )
 
 
@@ -59,7 +67,7 @@ def opening(steps: Iterable[tuple[int, str]], assigned: Iterable[Assigned]) -> s
                 "name": name,
                 "node_id": nodes[seq].node_id if seq in nodes else "",
                 "node_name": nodes[seq].node_name if seq in nodes else "",
-                "state": "PENDING",
+                "state": StepState.PENDING,
             }
             for seq, name in steps
         ]
@@ -74,7 +82,7 @@ def fill_record(conn: Tx, run_id: str, assigned: Iterable[Assigned]) -> None:
         a = nodes[step["seq"]]
         step["node_id"], step["node_name"] = a.node_id, a.node_name
     conn.execute(
-        "UPDATE records SET state = 'RUNNING', steps = ? WHERE run_id = ?",
+        f"UPDATE records SET state = '{RunState.RUNNING}', steps = ? WHERE run_id = ?",
         (json.dumps(body), run_id),
     )
 

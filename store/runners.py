@@ -36,8 +36,8 @@ from typing import Any
 from . import jobs
 from .db import Tx, in_list
 from .jobs import NO_LIMIT
-from .schema import LIVE_JOB
 from .shapes import Beat, JobRow
+from .states import LIVE_JOB, LIVE_SQL
 
 __all__ = ["HOST", "Beat", "beat", "halted", "pid_alive", "register", "retire"]
 
@@ -107,7 +107,7 @@ def beat(
     until = now + lapse
     for job_id, token, status in conn.execute(
         "UPDATE jobs SET lease_until = CASE WHEN lease_until > ? THEN lease_until ELSE ? END,"
-        f" lease_owner = CASE WHEN status IN ('queued', 'running') OR {kept}"
+        f" lease_owner = CASE WHEN status IN {LIVE_SQL} OR {kept}"
         " THEN lease_owner END"
         " WHERE lease_owner = ? AND id IN"
         f" (SELECT id FROM jobs WHERE lease_owner = ? ORDER BY id{conn.locking()})"
@@ -161,7 +161,7 @@ def halted(conn: Tx, runner_id: str) -> list[str]:
     return [
         job_id
         for (job_id,) in conn.execute(
-            "SELECT id FROM jobs WHERE lease_owner = ? AND status NOT IN ('queued', 'running')",
+            f"SELECT id FROM jobs WHERE lease_owner = ? AND status NOT IN {LIVE_SQL}",
             (runner_id,),
         )
     ]
@@ -220,7 +220,7 @@ def _ids(conn: Tx, where: str, args: tuple[object, ...], limit: int) -> list[tup
     return [
         (seq, job_id)
         for seq, job_id in conn.execute(
-            f"SELECT seq, id FROM jobs WHERE status IN ('queued', 'running') AND {where}"
+            f"SELECT seq, id FROM jobs WHERE status IN {LIVE_SQL} AND {where}"
             f" ORDER BY seq LIMIT ?{conn.locking(skip=True)}",
             (*args, limit),
         )

@@ -17,6 +17,7 @@ from . import match, node_leases, nodes, record, waiting
 from .db import Database, Tx
 from .errors import Conflict, InvalidRun, NotFound, Unsatisfiable
 from .shapes import Assigned, Claim, NewRun, RunView, Step, StepView
+from .states import RunState, StepState, sql_list
 
 __all__ = [
     "QUEUE_FUNCTION",
@@ -36,6 +37,9 @@ __all__ = [
     "report",
     "submit",
 ]
+
+#: A step not finished yet, as an SQL list.
+_UNFINISHED = sql_list(StepState.PENDING, StepState.RUNNING)
 
 KIND = re.compile(r"[a-z][a-z0-9_]*")
 
@@ -134,7 +138,7 @@ def submit(
     created_at = now if last is None or now > last else math.nextafter(last, math.inf)
     # The writes need no answer: they go out with the COMMIT (a node lease
     # taken meanwhile cannot be: the serial lock is held).
-    state = "RUNNING" if placed else "QUEUED"
+    state = RunState.RUNNING if placed else RunState.QUEUED
     conn.executemany(
         "INSERT INTO runs (id, state, created_at, started_at, warnings) VALUES (?, ?, ?, ?, ?)",
         [(run_id, state, created_at, now if placed else None, json.dumps(warnings))],
@@ -168,7 +172,7 @@ def new_id(run_id: object) -> str:
 
 def _view(
     run_id: str,
-    state: str,
+    state: RunState,
     checked: Iterable[CheckedStep],
     warnings: Iterable[str],
     *,
@@ -183,7 +187,9 @@ def _view(
         state,
         None,
         tuple(
-            StepView(s.seq, s.name, s.kind, s.needs, "PENDING", (node_of or {}).get(s.seq, ""))
+            StepView(
+                s.seq, s.name, s.kind, s.needs, StepState.PENDING, (node_of or {}).get(s.seq, "")
+            )
             for s in checked
         ),
         tuple(warnings),
@@ -274,7 +280,7 @@ def queue(
         raise Unsatisfiable(_why_unsatisfiable(checked, fleet.caps, max_leases))
     if verdict != "queued":
         return None
-    return _view(run_id, "QUEUED", checked, warnings, created_at=created_at)
+    return _view(run_id, RunState.QUEUED, checked, warnings, created_at=created_at)
 
 
 def queue_on_server(conn: Tx, new: NewRun, *, now: str) -> tuple[str, float]:
@@ -333,7 +339,7 @@ def get(conn: Tx, run_id: str) -> RunView:
             name,
             kind,
             frozenset(json.loads(needs)),
-            step_state,
+            StepState(step_state),
             node_id,
             None if output is None else json.loads(output),
         )
@@ -350,7 +356,7 @@ def get(conn: Tx, run_id: str) -> RunView:
     )
     return RunView(
         run_id,
-        state,
+        RunState(state),
         reason,
         steps,
         tuple(json.loads(warnings)),
@@ -361,7 +367,7 @@ def get(conn: Tx, run_id: str) -> RunView:
     )
 
 
-def list_ids(conn: Tx, state: str | None) -> list[str]:
+def list_ids(conn: Tx, state: RunState | None) -> list[str]:
     """Run ids in FIFO order (``created_at``, then id), of one state or all."""
     if state is None:
         rows = conn.execute("SELECT id FROM runs ORDER BY created_at, id")
@@ -378,16 +384,20 @@ def claim(conn: Tx, node_id: str, now: float, lease_ttl: float) -> Claim | None:
     row = conn.execute(
         "SELECT s.run_id, s.seq, s.name, s.kind, s.needs FROM steps s"
         " JOIN runs r ON r.id = s.run_id"
-        " WHERE s.node_id = ? AND s.state = 'PENDING' AND r.state = 'RUNNING'"
+        f" WHERE s.node_id = ? AND s.state = '{StepState.PENDING}'"
+        f" AND r.state = '{RunState.RUNNING}'"
         " AND NOT EXISTS (SELECT 1 FROM steps p WHERE p.run_id = s.run_id"
-        "                 AND p.seq < s.seq AND p.state != 'SUCCEEDED')"
+        f"                 AND p.seq < s.seq AND p.state != '{StepState.SUCCEEDED}')"
         " ORDER BY r.created_at, s.seq LIMIT 1",
         (node_id,),
     ).fetchone()
     if row is None:
         return None
     run_id, seq, name, kind, needs = row
-    conn.execute("UPDATE steps SET state = 'RUNNING' WHERE run_id = ? AND seq = ?", (run_id, seq))
+    conn.execute(
+        f"UPDATE steps SET state = '{StepState.RUNNING}' WHERE run_id = ? AND seq = ?",
+        (run_id, seq),
+    )
     not_after = now + lease_ttl
     node_leases.renew(conn, node_id, not_after)
     return Claim(run_id, seq, name, kind, frozenset(json.loads(needs)), not_after)
@@ -423,26 +433,26 @@ def report(
     row = conn.execute(
         "SELECT name, state, node_id FROM steps WHERE run_id = ? AND seq = ?", (run_id, seq)
     ).fetchone()
-    if row is None or row[1] != "RUNNING" or row[2] != node_id:
+    if row is None or row[1] != StepState.RUNNING or row[2] != node_id:
         held = "no such step" if row is None else f"the step is {row[1]} on {row[2] or 'no node'!r}"
         raise Conflict(f"node {node_id!r} does not hold step {seq} of run {run_id!r}: {held}")
     name = row[0]
     conn.execute(
         "UPDATE steps SET state = ?, output = ? WHERE run_id = ? AND seq = ?",
-        ("SUCCEEDED" if ok else "FAILED", text, run_id, seq),
+        (StepState.SUCCEEDED if ok else StepState.FAILED, text, run_id, seq),
     )
     if not ok:
-        end_run(conn, run_id, "FAILED", f"step {name!r} failed", now)
+        end_run(conn, run_id, RunState.FAILED, f"step {name!r} failed", now)
         return True
     left = {
         n
         for (n,) in conn.execute(
-            "SELECT node_id FROM steps WHERE run_id = ? AND state IN ('PENDING', 'RUNNING')",
+            f"SELECT node_id FROM steps WHERE run_id = ? AND state IN {_UNFINISHED}",
             (run_id,),
         )
     }
     if not left:
-        end_run(conn, run_id, "SUCCEEDED", None, now)
+        end_run(conn, run_id, RunState.SUCCEEDED, None, now)
         return True
     if node_id not in left:
         node_leases.release(conn, node_id, run_id)
@@ -462,7 +472,7 @@ def reap(conn: Tx, now: float) -> list[str]:
     QUEUED run holds no lease, so it is never touched."""
     expired = node_leases.lapsed(conn, now)
     for run_id, node_id in expired:
-        end_run(conn, run_id, "FAILED", f"lease expired on node {node_id!r}", now)
+        end_run(conn, run_id, RunState.FAILED, f"lease expired on node {node_id!r}", now)
     return [run_id for run_id, _ in expired]
 
 
@@ -470,19 +480,20 @@ def cancel(conn: Tx, run_id: str, now: float) -> bool:
     """Fail a QUEUED or RUNNING run with reason ``cancelled``; False for an
     unknown or terminal run."""
     row = conn.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()
-    if row is None or row[0] not in ("QUEUED", "RUNNING"):
+    if row is None or row[0] not in (RunState.QUEUED, RunState.RUNNING):
         return False
-    end_run(conn, run_id, "FAILED", "cancelled", now)
-    if row[0] == "QUEUED":
+    end_run(conn, run_id, RunState.FAILED, "cancelled", now)
+    if row[0] == RunState.QUEUED:
         waiting.bump(conn)
     return True
 
 
-def end_run(conn: Tx, run_id: str, state: str, reason: str | None, now: float) -> None:
+def end_run(conn: Tx, run_id: str, state: RunState, reason: str | None, now: float) -> None:
     """End a run: unfinished steps FAILED, every lease released, the run's
     state and end written, its Record sealed."""
     conn.execute(
-        "UPDATE steps SET state = 'FAILED' WHERE run_id = ? AND state IN ('PENDING', 'RUNNING')",
+        f"UPDATE steps SET state = '{StepState.FAILED}'"
+        f" WHERE run_id = ? AND state IN {_UNFINISHED}",
         (run_id,),
     )
     node_leases.release_run(conn, run_id)

@@ -7,35 +7,10 @@ however old, reaches the same schema by replaying the steps it lacks.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+__all__ = ["MIGRATIONS", "VERSION"]
 
-__all__ = [
-    "LIVE_JOB",
-    "MIGRATIONS",
-    "TERMINAL_JOB",
-    "VERSION",
-    "JobStatus",
-    "TargetState",
-    "ended_status",
-]
-
-#: A job's status, as stored: live (``queued``, ``running``), then terminal
-#: for good. The one place the vocabulary is spelled.
-JobStatus = Literal["queued", "running", "done", "failed", "partial", "cancelled"]
-LiveStatus = Literal["queued", "running"]
-TerminalStatus = Literal["done", "failed", "partial", "cancelled"]
-LIVE_JOB: tuple[LiveStatus, ...] = get_args(LiveStatus)
-TERMINAL_JOB: tuple[TerminalStatus, ...] = get_args(TerminalStatus)
-
-#: A target's status, as stored.
-TargetState = Literal["pending", "done", "failed"]
-
-
-def ended_status(done: int, failed: int) -> Literal["done", "failed", "partial"]:
-    """The status of a job whose every target is stored (rule 3): all done
-    ``done``, all failed ``failed``, some of each ``partial``."""
-    return "done" if not failed else "failed" if not done else "partial"
-
+# The statuses in CHECK constraints and partial indexes are spelled out: a
+# released step never changes, whatever ``states`` becomes.
 
 _JOBS = (
     # seq orders jobs by creation (AUTOINCREMENT: never reused, even after the

@@ -8,11 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .errors import Conflict, NotFound
-from .schema import TERMINAL_JOB
+from .states import TERMINAL_JOB, JobStatus, RunState, StepState, TargetState
 
 __all__ = [
-    "RUN_STATES",
-    "STEP_STATES",
     "Advert",
     "Assigned",
     "Assignment",
@@ -40,7 +38,7 @@ class TargetRow(NamedTuple):
 
     pos: int
     ref: str
-    status: str
+    status: TargetState
     result: str | None
     error: str | None
     hint: str | None
@@ -52,7 +50,7 @@ class JobRow:
 
     id: str
     owner: str
-    status: str
+    status: JobStatus
     created_at: float
     updated_at: float
     touched_at: float
@@ -83,16 +81,16 @@ class TargetOutcome:
 
     job_id: str
     pos: int
-    status: str
+    status: TargetState
     result: str | None = None
     error: str | None = None
     hint: str | None = None
-    job_status: str | None = None
+    job_status: JobStatus | None = None
     lease: Lease | None = None
 
     def __post_init__(self) -> None:
-        if self.status not in ("done", "failed"):
-            raise ValueError(f"a target ends 'done' or 'failed', not {self.status!r}")
+        if self.status not in (TargetState.DONE, TargetState.FAILED):
+            raise ValueError(f"a target ends done or failed, not {self.status!r}")
         if self.job_status is not None and self.job_status not in TERMINAL_JOB:
             raise ValueError(f"a job ends {', '.join(TERMINAL_JOB)}, not {self.job_status!r}")
 
@@ -122,7 +120,7 @@ class JobSummary:
 
     id: str
     owner: str
-    status: str
+    status: JobStatus
     created_at: float
     updated_at: float
     nbytes: int
@@ -146,12 +144,6 @@ class Beat:
 
 
 # -- the run scheduler -------------------------------------------------------------
-
-
-#: Run states; the last two are terminal (a cancelled run ends FAILED).
-RUN_STATES = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED")
-#: Step states.
-STEP_STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED")
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +220,7 @@ class StepView:
     name: str
     kind: str
     needs: frozenset[str]
-    state: str
+    state: StepState
     node: str
     output: Any = None
 
@@ -251,7 +243,7 @@ class RunView:
     """A run as stored. Times are epoch seconds (None until they happen)."""
 
     run_id: str
-    state: str
+    state: RunState
     reason: str | None
     steps: tuple[StepView, ...]
     warnings: tuple[str, ...]
@@ -274,7 +266,7 @@ class RunView:
                 {"seq": a.seq, "node_id": a.node_id, "node_name": a.node_name}
                 for a in self.assigned
             ]
-        if self.state == "FAILED" and self.reason:
+        if self.state == RunState.FAILED and self.reason:
             out["reject"] = self.reason
         return out
 

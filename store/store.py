@@ -14,9 +14,7 @@ from . import jobs, nodes, outcomes, queue, record, runners, runs, waiting
 from .db import CANCELLED, WORK, Database, Synchronous, Tx, in_list
 from .errors import StoreError
 from .explain import explain as explain_run
-from .schema import JobStatus
 from .shapes import (
-    RUN_STATES,
     Advert,
     Beat,
     Claim,
@@ -31,6 +29,7 @@ from .shapes import (
     TargetRow,
 )
 from .sqlite import SQLiteDatabase
+from .states import JobStatus, RunState, TargetState
 
 __all__ = ["Store", "open"]
 
@@ -138,7 +137,7 @@ class Store:
 
         self._db.write(create, fenced=True)
 
-    def set_job_status(self, job_id: str, status: str, lease: Lease | None = None) -> bool:
+    def set_job_status(self, job_id: str, status: JobStatus, lease: Lease | None = None) -> bool:
         """Move a live job to ``status``; False if it is gone, already terminal
         or (given ``lease``) held by another."""
         return self._db.write(
@@ -165,13 +164,13 @@ class Store:
         self,
         job_id: str,
         pos: int,
-        status: str,
+        status: TargetState,
         *,
         result: str | None = None,
         error: str | None = None,
         hint: str | None = None,
         max_bytes: int | None = None,
-        job_status: str | None = None,
+        job_status: JobStatus | None = None,
     ) -> list[str]:
         """Store one target's outcome; then, given ``job_status``, move the job
         to it; then, given ``max_bytes``, evict terminal jobs past that
@@ -251,7 +250,7 @@ class Store:
         self,
         *,
         owner: str | None = None,
-        status: str | None = None,
+        status: JobStatus | None = None,
         ids: Sequence[str] | None = None,
     ) -> list[JobSummary]:
         """Every stored job, in creation order, with its target counts; only
@@ -269,7 +268,7 @@ class Store:
 
     def interrupt_job(
         self, job_id: str, hint: str, lease: Lease | None = None
-    ) -> tuple[str, int] | None:
+    ) -> tuple[JobStatus, int] | None:
         """End a live job no runner will go on with (pending targets ``failed``,
         error ``interrupted``); return its terminal status and how many
         targets that failed, or None if it is not live (or not held with
@@ -393,10 +392,10 @@ class Store:
         """The run as stored; ``NotFound`` if there is none."""
         return self._db.read(lambda tx: runs.get(tx, run_id))
 
-    def list_runs(self, state: str | None = None) -> list[RunView]:
+    def list_runs(self, state: RunState | None = None) -> list[RunView]:
         """Runs in FIFO order (``created_at``, then id), of one state or all."""
-        if state is not None and state not in RUN_STATES:
-            raise ValueError(f"state must be one of {', '.join(RUN_STATES)}, not {state!r}")
+        if state is not None and state not in tuple(RunState):
+            raise ValueError(f"state must be one of {', '.join(RunState)}, not {state!r}")
         return self._db.read(
             lambda tx: [runs.get(tx, run_id) for run_id in runs.list_ids(tx, state)]
         )

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from .db import Tx
 from .nodes import Fleet
+from .states import RunState
 
 __all__ = ["PAGE", "Reservations", "bump", "cutoff", "queued"]
 
@@ -55,7 +56,7 @@ def queued(conn: Tx, through: float = math.inf, after: float = -math.inf) -> Ite
     while True:
         rows = conn.execute(
             "SELECT r.id, r.created_at, s.seq, s.needs FROM"
-            " (SELECT id, created_at FROM runs WHERE state = 'QUEUED'"
+            f" (SELECT id, created_at FROM runs WHERE state = '{RunState.QUEUED}'"
             "  AND created_at > ? AND created_at <= ? ORDER BY created_at, id LIMIT ?) r"
             " JOIN steps s ON s.run_id = r.id ORDER BY r.created_at, s.seq",
             (after, through, PAGE),

@@ -1,0 +1,102 @@
+"""The store's vocabulary: every status and state a row holds, spelled once.
+
+Batch jobs and their targets have a lower-case ``status``; runs and their
+steps an upper-case ``state``, as the public shapes show them. Each is a
+``StrEnum``: a member *is* the text stored and shown, so it compares equal
+to a plain string, serialises to JSON as one, and goes into SQL as one.
+Rows read back hold members, not plain strings (``TARGET_STATES`` turns a
+column's text into its member by a dict lookup, for reads of many rows).
+
+Adding a status: a member here, the schema's ``CHECK`` (a new migration
+step), and the transitions that lead to it and from it;
+``tests/test_states.py`` fails until the schema agrees.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = [
+    "LIVE_JOB",
+    "LIVE_SQL",
+    "TARGET_STATES",
+    "TERMINAL_JOB",
+    "TERMINAL_SQL",
+    "JobStatus",
+    "RunState",
+    "StepState",
+    "TargetState",
+    "ended_status",
+    "sql_list",
+]
+
+
+class JobStatus(StrEnum):
+    """A batch job's status: live (``queued``, then ``running`` once a
+    runner started it), then terminal for good."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    PARTIAL = "partial"
+    CANCELLED = "cancelled"
+
+
+#: A job that a runner may still change.
+LIVE_JOB = (JobStatus.QUEUED, JobStatus.RUNNING)
+#: A job that never changes again (it may only be evicted).
+TERMINAL_JOB = (JobStatus.DONE, JobStatus.FAILED, JobStatus.PARTIAL, JobStatus.CANCELLED)
+
+
+class TargetState(StrEnum):
+    """A target's ``status``: ``pending`` until its outcome is stored, then
+    ``done`` or ``failed`` for good."""
+
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+
+
+#: A target's member by its column's text.
+TARGET_STATES: dict[str, TargetState] = {s.value: s for s in TargetState}
+
+
+class RunState(StrEnum):
+    """A run's state: ``QUEUED`` while it waits for nodes, ``RUNNING`` once
+    placed, then ``SUCCEEDED`` or ``FAILED`` (a cancelled run ends
+    ``FAILED``) for good."""
+
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+class StepState(StrEnum):
+    """A step's state: ``PENDING`` until its node starts it, ``RUNNING``,
+    then ``SUCCEEDED`` or ``FAILED``."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+def ended_status(done: int, failed: int) -> JobStatus:
+    """The status of a job whose every target is stored (rule 3): all done
+    ``done``, all failed ``failed``, some of each ``partial``."""
+    if not failed:
+        return JobStatus.DONE
+    return JobStatus.FAILED if not done else JobStatus.PARTIAL
+
+
+def sql_list(*states: StrEnum) -> str:
+    """These states as an SQL list, ``('a', 'b')``, for a statement's text:
+    literals, not parameters, so that both engines match the partial
+    indexes written with them."""
+    return f"({', '.join(repr(s.value) for s in states)})"
+
+
+#: The live and the terminal job statuses as SQL lists.
+LIVE_SQL, TERMINAL_SQL = sql_list(*LIVE_JOB), sql_list(*TERMINAL_JOB)
