@@ -5,7 +5,8 @@
   whose first line is ``# runnable``, each in a fresh module, in a temporary
   directory of its own, under a timeout;
 - every relative link between the pages of docs/ leads to a file there, and
-  an anchor to a heading of that file.
+  an anchor to a heading of that file;
+- the module map in index.md names every module of both packages.
 """
 
 from __future__ import annotations
@@ -179,3 +180,17 @@ def test_the_docs_link_to_each_other() -> None:
     }
     unlinked = [p.name for p in pages() if p.name != "index.md" and p.resolve() not in linked]
     assert not unlinked, f"pages index.md does not link to: {unlinked}"
+
+
+def test_the_module_map_names_every_module_and_no_other() -> None:
+    """index.md's table of modules is checked against the packages: a
+    module added, renamed or removed fails here until the map says so."""
+    text = (DOCS / "index.md").read_text(encoding="utf-8")
+    section = text.split("\n## The modules\n", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"`((?:batch|store)/\w+\.py)`", section))
+    actual = {
+        f"{pkg}/{p.name}" for pkg in ("batch", "store") for p in (DOCS.parent / pkg).glob("*.py")
+    }
+    assert listed == actual, (
+        f"missing from the map: {sorted(actual - listed)}; gone: {sorted(listed - actual)}"
+    )
