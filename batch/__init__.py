@@ -9,7 +9,15 @@ with store.open("jobs.sqlite3") as db, batch.Runner(db, fetch) as runner:
 from store import __version__
 
 from .context import Context
-from .errors import BatchError, InvalidJob, JobNotFound, RetryLater, RunnerClosed, TargetError
+from .errors import (
+    BatchError,
+    InvalidJob,
+    JobNotFound,
+    RetryLater,
+    RunnerClosed,
+    StoreFailed,
+    TargetError,
+)
 from .hooks import Hooks
 from .model import Caller, CallerLike, Config, Job, Statistics, Target, TargetStatus
 from .runner import Fetch, Runner
@@ -32,6 +40,7 @@ __all__ = [
     "Runner",
     "RunnerClosed",
     "Statistics",
+    "StoreFailed",
     "Target",
     "TargetError",
     "TargetState",

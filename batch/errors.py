@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
-__all__ = ["BatchError", "InvalidJob", "JobNotFound", "RetryLater", "RunnerClosed", "TargetError"]
+import store
+
+__all__ = [
+    "BatchError",
+    "InvalidJob",
+    "JobNotFound",
+    "RetryLater",
+    "RunnerClosed",
+    "StoreFailed",
+    "TargetError",
+    "store_failed",
+]
 
 
 class BatchError(Exception):
@@ -48,6 +61,27 @@ class JobNotFound(BatchError, LookupError):
 class InvalidJob(BatchError, ValueError):
     """The target list cannot be a job: empty, longer than ``Config.max_targets``,
     or holding a bad ref. Nothing was stored."""
+
+
+class StoreFailed(BatchError, store.StoreError):
+    """The store could not do what a runner's method asked: unreachable,
+    locked for longer than its timeout, read-only, full. The store's own
+    error is its ``__cause__``; it is a ``store.StoreError`` too. A submit
+    that raises it stored its jobs whole or not at all; stored (the answer
+    to its commit was lost), they run all the same: the runner's next beat
+    takes them up."""
+
+
+@contextlib.contextmanager
+def store_failed() -> Iterator[None]:
+    """Raise what the store raises inside as :class:`StoreFailed`, so that a
+    caller of the runner catches one root, ``BatchError``."""
+    try:
+        yield
+    except StoreFailed:
+        raise
+    except store.StoreError as exc:
+        raise StoreFailed(str(exc)) from exc
 
 
 class RunnerClosed(BatchError, RuntimeError):

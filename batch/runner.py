@@ -22,7 +22,7 @@ import store
 from . import aio, keeper, waits, worker
 from .clock import SYSTEM, Clock
 from .context import Context
-from .errors import InvalidJob, JobNotFound, RunnerClosed
+from .errors import InvalidJob, JobNotFound, RunnerClosed, store_failed
 from .hooks import Hooks
 from .model import (
     CallerLike,
@@ -48,8 +48,10 @@ C = TypeVar("C", bound=CallerLike)
 Fetch = Callable[[Context, C, Target], object]
 
 #: The open runners of this process, so that a cancel through one reaches
-#: the one holding the job at once.
+#: the one holding the job at once; guarded by ``_OPEN_LOCK`` (runners open,
+#: close and cancel on any thread).
 _OPEN: weakref.WeakSet[State[object]] = weakref.WeakSet()
+_OPEN_LOCK = threading.Lock()
 
 
 class Runner(Generic[C]):
@@ -77,6 +79,19 @@ class Runner(Generic[C]):
     6. Ownership: the runner writes for a job only while it holds the job's
        lease in the store, with the fencing token it got it with; it starts
        no target once it could not renew its leases for ``takeover_after``.
+
+    Errors: every one a method raises is a ``BatchError`` but Python's own
+    ``TypeError`` (an argument of the wrong type) and ``TimeoutError``.
+    ``StoreFailed`` comes from any method that reads or writes the store
+    when it cannot answer (all but ``statistics`` and ``close``); besides:
+
+    - ``submit``, ``submit_many``: ``InvalidJob``, ``RunnerClosed``;
+    - ``status``, ``touch``: ``JobNotFound``;
+    - ``cancel``: nothing else (False for a job it cannot cancel);
+    - ``wait``, ``as_completed``, ``wait_async``: ``JobNotFound``,
+      ``RunnerClosed``, ``TimeoutError``;
+    - ``requeue_failed``: ``InvalidJob``, ``JobNotFound``, ``RunnerClosed``;
+    - ``close``: ``TimeoutError``.
     """
 
     def __init__(
@@ -124,7 +139,8 @@ class Runner(Generic[C]):
         )
         for t in (*self._threads, self._keeper):
             t.start()
-        _OPEN.add(s)  # type: ignore[arg-type]
+        with _OPEN_LOCK:
+            _OPEN.add(s)  # type: ignore[arg-type]
         self._unsubscribe = db.subscribe(functools.partial(keeper.on_notice, s))
 
     @property
@@ -178,7 +194,7 @@ class Runner(Generic[C]):
         s = self._s
         owner = caller_id(caller)
         ids = [uuid.uuid4().hex for _ in jobs]
-        if s.closed:  # read without the lock: close() only ever sets it
+        if s.closed:  # without the lock: see State.closed
             raise RunnerClosed("the runner is closed; submit to a new Runner")
         if not jobs:
             return ids
@@ -200,17 +216,18 @@ class Runner(Generic[C]):
         # comes between, they join a closed runner's rotation and stay live
         # in the store for the next runner, like any unfinished job.
         try:
-            s.store.create_jobs(
-                owner,
-                [
-                    (job_id, [t.ref for t in targets])
-                    for job_id, targets in zip(ids, jobs, strict=True)
-                ],
-                s.id,
-                lease_for=s.config.takeover_after,
-                leased=room,
-                names=names,
-            )
+            with store_failed():
+                s.store.create_jobs(
+                    owner,
+                    [
+                        (job_id, [t.ref for t in targets])
+                        for job_id, targets in zip(ids, jobs, strict=True)
+                    ],
+                    s.id,
+                    lease_for=s.config.takeover_after,
+                    leased=room,
+                    names=names,
+                )
         except BaseException:
             # The jobs may be stored all the same (the answer to the commit
             # was lost): then the next beat finds them leased to this runner
@@ -259,7 +276,8 @@ class Runner(Generic[C]):
         if this runner started it. Raises ``JobNotFound`` for an unknown,
         evicted or another caller's job. Works after :meth:`close` too."""
         s = self._s
-        row = s.store.get_job(_stored_id(job_id), caller_id(caller))
+        with store_failed():
+            row = s.store.get_job(_stored_id(job_id), caller_id(caller))
         if row is None:
             raise JobNotFound(f"no job {job_id!r}")
         status = row.status
@@ -280,7 +298,9 @@ class Runner(Generic[C]):
     def touch(self, caller: C, job_id: str) -> None:
         """Mark the job as used now, so that eviction takes it last. Raises
         ``JobNotFound`` like :meth:`status`."""
-        if not self._s.store.touch_job(_stored_id(job_id), caller_id(caller)):
+        with store_failed():
+            touched = self._s.store.touch_job(_stored_id(job_id), caller_id(caller))
+        if not touched:
             raise JobNotFound(f"no job {job_id!r}")
 
     def cancel(self, caller: C, job_id: str) -> bool:
@@ -307,14 +327,18 @@ class Runner(Generic[C]):
         # another process until it learns: it is stored, and the job stays
         # cancelled. None starts here once this returns. A beat under way
         # may have taken the job: it halts it as it adopts it.
-        if not s.store.cancel_job(job_id, owner):
+        with store_failed():
+            cancelled = s.store.cancel_job(job_id, owner)
+        if not cancelled:
             return False  # unknown, another caller's, or ended already
         with s.lock:
             s.ended(job_id, owner, JobStatus.CANCELLED, None)
             s.cancelled(job_id)
         # This runner may hold a stale copy of a job another has taken
         # since: every runner of this process that holds it is told.
-        for other in list(_OPEN):
+        with _OPEN_LOCK:
+            others = list(_OPEN)
+        for other in others:
             if other is not s:
                 other.cancelled_elsewhere(job_id)
         return True
@@ -431,7 +455,8 @@ class Runner(Generic[C]):
             s.changed_all()
         finally:
             s.lock.release()
-        _OPEN.discard(s)  # type: ignore[arg-type]
+        with _OPEN_LOCK:
+            _OPEN.discard(s)  # type: ignore[arg-type]
         self._unsubscribe()
         me = threading.current_thread()
         for t in self._threads:

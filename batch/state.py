@@ -69,12 +69,16 @@ class State(Generic[C]):
       wait on futures instead (``watchers``), resolved at the same moments.
       Notified when a waited-for job leaves the rotation
       or is cancelled, when a batch is written after close, and on close.
+      The group commit's backoff between tries of a failing store waits on
+      it too (``commit``), so that close ends that wait at once; a job
+      ending meanwhile only brings the next try forward.
     - ``writes``: an async runner's writer thread waits for outcomes to
       record. Notified when a fetch's outcome joins ``finished``, and on
       close.
     - ``chores``: the keeper thread waits for its next beat. Notified when a
       job starts (its ``running`` is to be stored), when room frees under
-      ``Config.max_live``, and on close.
+      ``Config.max_live``, when the store says jobs wait for a runner with
+      room or that notices were lost (``keeper.on_notice``), and on close.
 
     Invariants whenever ``lock`` is free (``docs/concurrency.md`` says why):
 
@@ -154,6 +158,13 @@ class State(Generic[C]):
         # By kind of store call, its failures in a row (see batch.trouble).
         self.troubles: dict[str, Trouble] = {}
         self.valid_until = clock.monotonic() + config.takeover_after
+        # Goes False -> True once, never back; set under the lock but by a
+        # close that timed out waiting for it (a worker reads it under the
+        # lock before each target, so none starts once that holder lets go).
+        # Read without the lock only by a submit's first check, which a
+        # stale False cannot hurt: its jobs then join a closed runner's
+        # rotation (``add``) and stay live in the store for the next runner,
+        # as when close comes while they are stored.
         self.closed = False
         self.stopping = False  # the workers are joined: the keeper retires
 

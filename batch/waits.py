@@ -17,7 +17,7 @@ from collections.abc import Collection
 from typing import TypeVar
 
 from .commit import unlocked
-from .errors import JobNotFound, RunnerClosed
+from .errors import JobNotFound, RunnerClosed, store_failed
 from .state import State
 from .states import LIVE_JOB
 
@@ -40,7 +40,7 @@ def ended(s: State[C], owner: str, ids: Collection[str], deadline: float, what: 
             elsewhere = _not_held(s, owner, ids)
             poll = None
             if elsewhere:
-                with unlocked(s.lock):
+                with unlocked(s.lock), store_failed():
                     rows = {r.id: r for r in s.store.list_jobs(ids=elsewhere, owner=owner)}
                 for job_id in elsewhere:
                     if job_id not in rows:
@@ -97,7 +97,8 @@ async def ended_async(s: State[C], owner: str, job_id: str, deadline: float) -> 
                         if not waiting:
                             del s.watchers[job_id]
             continue
-        status = await asyncio.to_thread(s.store.job_status, job_id, owner)
+        with store_failed():
+            status = await asyncio.to_thread(s.store.job_status, job_id, owner)
         if status is None:
             raise JobNotFound(f"no job {job_id!r}")
         if status not in LIVE_JOB:
