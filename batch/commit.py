@@ -3,10 +3,7 @@ transaction each, with the runner's lock released while the store writes."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
-from collections.abc import Iterator
 from typing import TypeVar
 
 import store
@@ -14,11 +11,12 @@ import store
 from .attempt import Outcome
 from .errors import RetryLater
 from .hooks import call_hook
+from .locks import unlocked
 from .rotation import LiveJob
 from .state import State
 from .states import LIVE_JOB, JobStatus, Reason, TargetState, ended_status
 
-__all__ = ["finished", "give_back_starting", "record", "take_starting", "unlocked"]
+__all__ = ["finished", "give_back_starting", "record", "take_starting"]
 
 log = logging.getLogger("batch")
 
@@ -28,16 +26,6 @@ C = TypeVar("C")
 #: the first to the most.
 BACKOFF_FIRST = 0.01
 BACKOFF_MAX = 1.0
-
-
-@contextlib.contextmanager
-def unlocked(lock: threading.Lock) -> Iterator[None]:
-    """Release ``lock``, held by the caller, for the block."""
-    lock.release()
-    try:
-        yield
-    finally:
-        lock.acquire()
 
 
 def finished(s: State[C], job: LiveJob[C], outcome: Outcome) -> None:

@@ -10,9 +10,10 @@ from typing import Any, TypeVar
 
 import store
 
-from .commit import give_back_starting, take_starting, unlocked
+from .commit import give_back_starting, take_starting
 from .context import Context
 from .errors import TargetError
+from .locks import unlocked
 from .model import Target
 from .rotation import LiveJob
 from .state import State

@@ -16,8 +16,8 @@ import math
 from collections.abc import Collection
 from typing import TypeVar
 
-from .commit import unlocked
 from .errors import JobNotFound, RunnerClosed, store_failed
+from .locks import unlocked
 from .state import State
 from .states import LIVE_JOB
 
