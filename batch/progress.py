@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import TextIO
 
 import store
+from store.console import table
 
 from .context import Context
 from .errors import RetryLater
@@ -355,8 +356,7 @@ def summary(out: TextIO, run: LiveRun) -> None:
         counts = ("?", "?", "?", "?") if row is None else _counts(row)
         rows.append((job.job[:SHORT_ID], job.label, job.id, run.status(job), *counts, job.retries))
     headers = ("job", "name", "caller", "status", "done", "failed", "pending", "seconds")
-    for line in table((*headers, "retries"), rows):
-        out.write(line + "\n")
+    out.write(table((*headers, "retries"), rows) + "\n")
     failures = run.failures()
     if failures:
         out.write("\nfailed targets:\n")
@@ -368,25 +368,3 @@ def summary(out: TextIO, run: LiveRun) -> None:
 
 def _counts(row: store.JobSummary) -> tuple[int, int, int, float]:
     return row.done, row.failed, row.pending, row.updated_at - row.created_at
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
-    """``rows`` as lines of aligned columns under ``headers``: numbers to the
-    right (floats with one decimal), everything else to the left."""
-    values = [list(row) for row in rows]
-    cells = [[_cell(value) for value in row] for row in values]
-    right = [any(isinstance(row[i], int | float) for row in values) for i in range(len(headers))]
-    widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(headers)]
-
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(
-            v.rjust(w) if r else v.ljust(w) for v, w, r in zip(values, widths, right, strict=True)
-        ).rstrip()
-
-    return [line(headers), *(line(row) for row in cells)]
-
-
-def _cell(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    return "-" if value is None else str(value)
