@@ -73,8 +73,6 @@ from .states import LIVE_JOB, JobStatus, TargetState
 
 __all__ = ["console_main", "main"]
 
-BATCH_DB = "BATCH_DB"
-DEFAULT_DB = "batch.sqlite3"
 #: A job that ended in one of these did not do all it was asked: exit status 1.
 SHORT_OF_DONE = (JobStatus.FAILED, JobStatus.PARTIAL, JobStatus.CANCELLED)
 #: Seconds between looks at the store by ``wait``.
@@ -84,7 +82,7 @@ WAIT_POLL = 0.1
 def main(argv: Sequence[str] | None = None, prog: str = "python -m batch") -> int:
     """Run one command; return the exit status."""
     name = "batch" if prog.startswith("python") else prog
-    return run(name, _parser(prog), argv, not_found=(JobNotFound,))
+    return run(name, build_parser(prog), argv, not_found=(JobNotFound,))
 
 
 def console_main() -> int:
@@ -467,9 +465,10 @@ def _job_table(jobs: Sequence[store.JobSummary]) -> str:
 # -- parsing ------------------------------------------------------------------------------
 
 
-def _parser(prog: str) -> Parser:
+def build_parser(prog: str = "python -m batch") -> Parser:
+    """The parser of every command; each command's function is its ``handler``."""
     parser = Parser(prog=prog, description="Run and inspect batch jobs.")
-    also_db = add_db(parser, BATCH_DB, DEFAULT_DB)
+    also_db = add_db(parser)
     add_version(parser)
     as_json = Parser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON, one object per line")
@@ -550,9 +549,9 @@ def _fetch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout",
         type=_positive_seconds,
-        default=30.0,
+        default=web.TIMEOUT,
         metavar="S",
-        help="longest wait to connect, or for more of an answer",
+        help=f"longest wait to connect, or for more of an answer (default: {web.TIMEOUT:g})",
     )
 
 

@@ -56,6 +56,8 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from store import __version__
+
 from .context import Context
 from .errors import BatchError, RetryLater, TargetError
 from .model import Target
@@ -68,6 +70,9 @@ SCHEMES = ("http", "https", "file")
 #: Bytes read (and hashed, and written) at a time.
 CHUNK = 1 << 16
 
+#: Seconds a fetch waits to connect, or for more of an answer, by default.
+TIMEOUT = 30.0
+
 #: The most a ``Retry-After`` is taken to ask for: anything longer is as good
 #: as "not within this run", and a runner fails such a target at once.
 LONGEST_RETRY_AFTER = 365 * 86400.0
@@ -76,7 +81,7 @@ LONGEST_RETRY_AFTER = 365 * 86400.0
 NAME_STEM = 80
 
 #: What a fetch says it is.
-USER_AGENT = "batch-store/0.1 (python urllib)"
+USER_AGENT = f"batch-store/{__version__} (python urllib)"
 
 #: Statuses that mean "busy": ask again later.
 BUSY_STATUSES = frozenset({429, 503})
@@ -101,7 +106,7 @@ class Fetcher:
     def __init__(
         self,
         *,
-        timeout: float = 30.0,
+        timeout: float = TIMEOUT,
         save_dir: str | os.PathLike[str] | None = None,
         proxies: Mapping[str, str] | None = None,
     ) -> None:

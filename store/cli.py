@@ -39,15 +39,14 @@ from .console import (
 )
 from .shapes import NodeView, RunView
 from .states import RunState
-from .store import Store
+from .store import LEASE_TTL, MAX_LEASES_PER_RUN, RESERVE_AFTER, Store
 from .store import open as open_store
 
 __all__ = ["main"]
 
-#: The environment variable naming the store file when ``--db`` is not given.
+#: What named the store before both command lines shared ``$BATCH_DB``: still
+#: read when that is not set.
 STORE_DB = "STORE_DB"
-#: The store file when neither ``--db`` nor ``$STORE_DB`` names one.
-DEFAULT_DB = "store.sqlite3"
 # -- opening the store -----------------------------------------------------------
 
 
@@ -472,7 +471,7 @@ def build_parser(prog: str = "python -m store") -> argparse.ArgumentParser:
         prog=prog,
         description="Look at and steer the runs, nodes and queue of a store.",
     )
-    also_db = add_db(parser, STORE_DB, DEFAULT_DB)
+    also_db = add_db(parser, STORE_DB)
     add_version(parser)
     view = Parser(add_help=False)
     view.add_argument("--json", action="store_true", help="print JSON, one object per line")
@@ -482,25 +481,25 @@ def build_parser(prog: str = "python -m store") -> argparse.ArgumentParser:
     settings.add_argument(
         "--max-leases-per-run",
         type=count,
-        default=4,
+        default=MAX_LEASES_PER_RUN,
         metavar="N",
-        help="the most nodes a run may hold (default: 4)",
+        help=f"the most nodes a run may hold (default: {MAX_LEASES_PER_RUN})",
     )
     settings.add_argument(
         "--reserve-after",
         type=seconds_or_never,
-        default=600.0,
+        default=RESERVE_AFTER,
         metavar="SECONDS",
         help="a run QUEUED this long reserves the nodes it could use; never: no run does"
-        " (default: 600)",
+        f" (default: {RESERVE_AFTER:g})",
     )
     act = Parser(add_help=False, parents=[settings])
     act.add_argument(
         "--lease-ttl",
         type=seconds,
-        default=30.0,
+        default=LEASE_TTL,
         metavar="SECONDS",
-        help="lifetime of the leases a promotion issues (default: 30)",
+        help=f"lifetime of the leases a promotion issues (default: {LEASE_TTL:g})",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -67,6 +67,11 @@ EXIT_TERMINATED = 143
 #: What a table shows in an empty cell.
 EMPTY = "-"
 
+#: The store both command lines use unless ``--db`` names one: ``$BATCH_DB``,
+#: else this file in the current directory.
+DB_ENV = "BATCH_DB"
+DEFAULT_DB = "batch.sqlite3"
+
 T = TypeVar("T")
 
 
@@ -129,17 +134,14 @@ def add_version(parser: argparse.ArgumentParser) -> None:
 
 
 def add_db(
-    parser: argparse.ArgumentParser, env: str, default: str | None
+    parser: argparse.ArgumentParser, older_env: str | None = None
 ) -> Callable[[argparse.ArgumentParser], None]:
-    """Add ``--db`` to ``parser`` (default: ``$env``, else ``default``), and
-    return what adds it to a subcommand too, so that it may come before or
-    after the subcommand's name (there, it overrides only when given)."""
-    fallback = os.environ.get(env) or default
-    helps = (
-        f"the store: a file, or a postgresql:// URL (default: ${env}, else {default})"
-        if default is not None
-        else f"the store: a file, or a postgresql:// URL (default: ${env}, else a new file)"
-    )
+    """Add ``--db`` to ``parser`` (default: ``$BATCH_DB``, else ``older_env``
+    if named and set, else ``batch.sqlite3``), and return what adds it to a
+    subcommand too, so that it may come before or after the subcommand's
+    name (there, it overrides only when given)."""
+    fallback = os.environ.get(DB_ENV) or (older_env and os.environ.get(older_env)) or DEFAULT_DB
+    helps = f"the store: a file, or a postgresql:// URL (default: ${DB_ENV}, else {DEFAULT_DB})"
     parser.add_argument("--db", metavar="PATH|URL", default=fallback, help=helps)
 
     def also(sub: argparse.ArgumentParser) -> None:

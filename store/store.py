@@ -476,12 +476,19 @@ class Store:
             log.exception("wake (%s) failed; the next event will wake the queue", why)
 
 
+#: The defaults of :func:`open`'s placement settings, which the operator's
+#: command line shows and takes too.
+LEASE_TTL = 30.0
+MAX_LEASES_PER_RUN = 4
+RESERVE_AFTER: float | None = 600.0
+
+
 def open(
     path: str | Path,
     *,
-    lease_ttl: float = 30.0,
-    max_leases_per_run: int = 4,
-    reserve_after: float | None = 600.0,
+    lease_ttl: float = LEASE_TTL,
+    max_leases_per_run: int = MAX_LEASES_PER_RUN,
+    reserve_after: float | None = RESERVE_AFTER,
     synchronous: Synchronous = "NORMAL",
     readonly: bool = False,
 ) -> Store:

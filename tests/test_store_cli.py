@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import batch.cli
 import store
 import store.cli
 import store.console
@@ -31,8 +32,9 @@ FIFO = ["done", "busy1", "busy2", "q-gpu", "q-linux", "gone", "q-any"]
 
 
 def cli(*args: str | Path, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m store ARGS``, with ``STORE_DB`` unset unless given in ``env``."""
-    environ = {k: v for k, v in os.environ.items() if k != "STORE_DB"}
+    """Run ``python -m store ARGS``, with ``BATCH_DB`` and ``STORE_DB`` unset
+    unless given in ``env``."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("BATCH_DB", "STORE_DB")}
     environ.update(env, PYTHONPATH=str(REPO))
     return subprocess.run(
         [sys.executable, "-m", "store", *map(str, args)],
@@ -95,7 +97,7 @@ def finish(db: Store, node_id: str, run_id: str) -> None:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Path:
-    """A store file (``store.sqlite3``, the default name) with three nodes and
+    """A store file (``batch.sqlite3``, the default name) with three nodes and
     runs in every state:
 
     - n1 (linux) runs ``busy1``, n2 (gpu, linux) runs ``busy2``, n3 (linux)
@@ -104,7 +106,7 @@ def cluster(tmp_path: Path) -> Path:
     - QUEUED, in FIFO order: ``q-gpu`` (gpu), ``q-linux`` (two linux steps
       and one that needs nothing), ``q-any`` (needs nothing).
     """
-    path = tmp_path / "store.sqlite3"
+    path = tmp_path / "batch.sqlite3"
     with store.open(path) as db:
         db.advertise(store.Advert("n1", "box-n1", {"linux"}))
         db.advertise(store.Advert("n2", "box-n2", {"gpu", "linux"}))
@@ -306,7 +308,7 @@ def test_views_work_where_nobody_may_write_and_leave_nothing_behind(cluster: Pat
     assert sorted(folder.iterdir()) == files
 
 
-def test_the_store_file_is_db_else_store_db_else_store_sqlite3_here(cluster: Path) -> None:
+def test_the_store_file_is_db_else_batch_db_else_batch_sqlite3_here(cluster: Path) -> None:
     elsewhere = cluster.parent / "elsewhere"
     elsewhere.mkdir()
     missing = str(elsewhere / "missing.sqlite3")
@@ -317,10 +319,32 @@ def test_the_store_file_is_db_else_store_db_else_store_sqlite3_here(cluster: Pat
 
     nodes = ["n1", "n2", "n3"]
     assert node_ids(cli("nodes", "--json", cwd=cluster.parent)) == nodes
-    assert node_ids(cli("nodes", "--json", cwd=elsewhere, STORE_DB=str(cluster))) == nodes
-    assert node_ids(cli("--db", cluster, "nodes", "--json", STORE_DB=missing)) == nodes
+    assert node_ids(cli("nodes", "--json", cwd=elsewhere, BATCH_DB=str(cluster))) == nodes
+    assert node_ids(cli("--db", cluster, "nodes", "--json", BATCH_DB=missing)) == nodes
     # --db after the command's name too, as on python -m batch.
-    assert node_ids(cli("nodes", "--db", cluster, "--json", STORE_DB=missing)) == nodes
+    assert node_ids(cli("nodes", "--db", cluster, "--json", BATCH_DB=missing)) == nodes
+    # The name the store had before both commands shared one is still read,
+    # after the shared one.
+    assert node_ids(cli("nodes", "--json", cwd=elsewhere, STORE_DB=str(cluster))) == nodes
+    both = {"BATCH_DB": str(cluster), "STORE_DB": missing}
+    assert node_ids(cli("nodes", "--json", cwd=elsewhere, **both)) == nodes
+
+
+def test_both_command_lines_look_at_one_store_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What batch-store shows by default is the store batch-runner writes by
+    default: one file name, one environment variable."""
+
+    def stores() -> set[str]:
+        return {
+            batch.cli.build_parser().parse_args(["jobs"]).db,
+            store.cli.build_parser().parse_args(["nodes"]).db,
+        }
+
+    monkeypatch.delenv("BATCH_DB", raising=False)
+    monkeypatch.delenv("STORE_DB", raising=False)
+    assert stores() == {"batch.sqlite3"}
+    monkeypatch.setenv("BATCH_DB", "postgresql://db.internal/jobs")
+    assert stores() == {"postgresql://db.internal/jobs"}
 
 
 # -- actions ---------------------------------------------------------------------
@@ -417,8 +441,8 @@ def test_bad_input_is_one_line_on_stderr_with_the_right_status(
         other.commit()
     other_bytes = (tmp / "other.db").read_bytes()
 
-    # STORE_DB names the good store; a --db in the case overrides it.
-    done = cli(*(a.format(tmp=tmp) for a in args), STORE_DB=str(cluster))
+    # BATCH_DB names the good store; a --db in the case overrides it.
+    done = cli(*(a.format(tmp=tmp) for a in args), BATCH_DB=str(cluster))
 
     assert done.returncode == status
     assert done.stdout == ""
