@@ -14,7 +14,7 @@ from .hooks import call_hook
 from .locks import unlocked
 from .rotation import LiveJob
 from .state import State
-from .states import LIVE_JOB, JobStatus, Reason, TargetState, ended_status
+from .states import LIVE_JOB, JobStatus, TargetState, ended_status
 
 __all__ = ["finished", "give_back_starting", "record", "take_starting"]
 
@@ -69,15 +69,14 @@ def _ended(s: State[C], job: LiveJob[C], outcome: Outcome, now: float) -> Outcom
     if job.halted:
         s.settle(job)  # it leaves: nothing more of it will be tried
         return None
-    if job.busy_since is None:
-        job.busy_since = now
+    since = job.busy(now)
     retry_for = s.config.retry_for
-    if now - job.busy_since > retry_for:
+    if now - since > retry_for:
         return outcome.busy_too_long(retry_for)
-    if now + outcome.after - job.busy_since > retry_for:
+    if now + outcome.after - since > retry_for:
         return outcome.busy_too_long(retry_for, asked=True)
     wait = max(s.config.retry_wait, outcome.after)
-    job.retry_at = now + wait
+    job.hold_until(now + wait)
     s.retrying(outcome.err or RetryLater(), wait)
     s.settle(job)
     return None
@@ -137,8 +136,7 @@ def _save(s: State[C], ended: list[tuple[LiveJob[C], Outcome]]) -> None:
                 continue
             end = outcomes[i].job_status if i in stored.ended else None
             if i in stored.cancelled:
-                job.cancelled = True
-                job.ctx.cancel(Reason.CANCELLED)
+                job.cancel()
             _advance(s, job, outcome, end)
         if refused:
             _resync(s, refused)
@@ -184,7 +182,7 @@ def _resync(s: State[C], refused: list[tuple[LiveJob[C], Outcome, store.StoreErr
                     len(refused),
                 )
                 for job, _, _ in refused:
-                    job.lost = True
+                    job.lose()
                     s.settle(job)
                 return
             trouble.failed(
@@ -210,7 +208,7 @@ def _resync_one(
     the store has of it (``seen``, None if it is gone): see :func:`_resync`."""
     if seen is None:
         log.warning("target %d of job %s not stored: %s; the job is gone", job.next, job.id, why)
-        job.lost = True
+        job.lose()
         s.settle(job)
         return
     row, owner, token = seen
@@ -227,7 +225,7 @@ def _resync_one(
             owner,
             token,
         )
-        job.lost = True
+        job.lose()
         s.settle(job)
         return
     pending = next(
@@ -245,24 +243,19 @@ def _resync_one(
             pending,
             job.next,
         )
-    job.next = pending
-    job.done = sum(t.status == TargetState.DONE for t in row.targets[:pending])
-    job.failed = pending - job.done
-    job.busy_since = None
-    job.retry_at = 0.0
+    job.resume_at(pending, sum(t.status == TargetState.DONE for t in row.targets[:pending]))
     if row.status == JobStatus.CANCELLED:
-        job.cancelled = True  # the cancel called the job hook
-        job.ctx.cancel(Reason.CANCELLED)
+        job.cancel()  # the cancel called the job hook
     elif not live:
         # Ended by the commit whose answer was lost: reported now, once.
         s.ended(job.id, job.owner, row.status, s.clock.monotonic() - job.created)
-        job.lost = True  # in case a target is pending all the same: it leaves
+        job.lose()  # in case a target is pending all the same: it leaves
     elif job.finished:
         # Live with no target pending: no write of this runner leaves a job
         # so. It leaves; the next beat finds its lease held here with no job
         # in the rotation, and ends it by its targets.
         log.error("job %s: every target is stored and the job is still live", job.id)
-        job.lost = True
+        job.lose()
     s.settle(job)
 
 
@@ -306,11 +299,7 @@ def _stored(job: LiveJob[C], outcome: Outcome) -> store.TargetOutcome:
 def _advance(s: State[C], job: LiveJob[C], outcome: Outcome, end: JobStatus | None) -> None:
     """Move ``job`` past the target whose ``outcome`` was just stored, and
     out of the rotation if that ended it (``end``) or it was halted."""
-    job.next += 1
-    job.done += outcome.status is TargetState.DONE
-    job.failed += outcome.status is not TargetState.DONE
-    job.busy_since = None
-    job.retry_at = 0.0
+    job.advance(outcome.status is TargetState.DONE)
     s.stored(outcome.err, outcome.seconds, outcome.nbytes)
     if end is not None:
         s.ended(job.id, job.owner, end, s.clock.monotonic() - job.created)

@@ -323,10 +323,11 @@ def _run_or_end(
         lease,
         Context(s.ctx),
     )
-    job.next = pending[0]
-    job.started = row.status == JobStatus.RUNNING
-    job.done = sum(t.status == TargetState.DONE for t in row.targets[: job.next])
-    job.failed = job.next - job.done
+    job.resume_at(
+        pending[0],
+        sum(t.status == TargetState.DONE for t in row.targets[: pending[0]]),
+        started=row.status == JobStatus.RUNNING,
+    )
     s.add([job])
     return job
 

@@ -14,6 +14,7 @@ import store
 
 from .context import Context
 from .model import Target
+from .states import Reason
 
 __all__ = ["LiveJob", "Rotation"]
 
@@ -32,6 +33,11 @@ class LiveJob(Generic[C]):
     ``lost`` (its lease is another runner's now) both mean: start nothing
     more of it. ``ctx`` is what its fetches see: cancelled with the job, or
     with the runner.
+
+    Its fields change only through its methods below, one per transition
+    (the worker, the group commit and the keeper call them), and through
+    the :class:`Rotation`, for its place in it (``order``, ``queued``, a
+    ``retry_at`` once due, ``running`` once it settles).
     """
 
     __slots__ = (
@@ -93,6 +99,57 @@ class LiveJob(Generic[C]):
     def finished(self) -> bool:
         """Every target is stored."""
         return self.next >= len(self.targets)
+
+    # -- its transitions ----------------------------------------------------------
+
+    def start(self) -> bool:
+        """A worker took it: its next target is in flight. True the first
+        time, when it is to be stored ``running``."""
+        first = not self.started
+        self.started = self.running = True
+        return first
+
+    def busy(self, now: float) -> float:
+        """Its target in flight came back busy at ``now``: when the first
+        busy answer for this target came."""
+        if self.busy_since is None:
+            self.busy_since = now
+        return self.busy_since
+
+    def hold_until(self, when: float) -> None:
+        """Its busy target is tried again at ``when`` (monotonic seconds)."""
+        self.retry_at = when
+
+    def advance(self, done: bool) -> None:
+        """Its target in flight is stored, ``done`` or failed: on to the next."""
+        self.next += 1
+        self.done += done
+        self.failed += not done
+        self.busy_since = None
+        self.retry_at = 0.0
+
+    def resume_at(self, pending: int, done: int, *, started: bool | None = None) -> None:
+        """Go on as the store has it: its next target is ``pending``, of
+        those before it ``done`` are done (the rest failed); ``started``:
+        whether the store has it ``running`` (None: as it was)."""
+        self.next = pending
+        self.done = done
+        self.failed = pending - done
+        self.busy_since = None
+        self.retry_at = 0.0
+        if started is not None:
+            self.started = started
+
+    def cancel(self) -> None:
+        """It was cancelled, through any runner: nothing more of it starts,
+        and its fetches see their context cancelled."""
+        self.cancelled = True
+        self.ctx.cancel(Reason.CANCELLED)
+
+    def lose(self) -> None:
+        """It is not this runner's any more (another holds its lease, it is
+        gone, or it ended elsewhere): nothing more of it starts here."""
+        self.lost = True
 
 
 class _Ring(Generic[K]):
@@ -311,6 +368,7 @@ class Rotation(Generic[C]):
         """Put a job with no target in flight where it belongs: out of the
         rotation if it is halted or finished (returns True), else offered.
         Every transition of a live job that is not running ends here."""
+        job.running = False
         if job.halted or job.finished:
             self.remove(job)
             return True

@@ -204,7 +204,6 @@ class State(Generic[C]):
     def settle(self, job: LiveJob[C]) -> None:
         """``job`` has no target in flight any more: it leaves the rotation
         (halted or finished) or waits for its next turn."""
-        job.running = False
         if self.rotation.settle(job):
             call_hook(self.hooks.depth, len(self.rotation))
             self.changed(job.id)
@@ -221,10 +220,9 @@ class State(Generic[C]):
         lease is another runner's. A job in flight leaves once its outcome
         is recorded (or refused)."""
         if lost:
-            job.lost = True
+            job.lose()
         else:
-            job.cancelled = True
-            job.ctx.cancel(Reason.CANCELLED)
+            job.cancel()
         if job.running:
             self.changed(job.id)
         else:

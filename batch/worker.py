@@ -78,13 +78,11 @@ def take(s: State[C]) -> LiveJob[C] | None:
     if job is None:
         return None
     s.pass_on(now)
-    if not job.started:
-        job.started = True
+    if job.start():
         if not s.starting:
             s.starting_since = now
             s.chores.notify()
         s.starting.append(job)
-    job.running = True
     s.inflight += 1
     call_hook(s.hooks.inflight, s.inflight)
     return job
