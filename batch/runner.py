@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 
 import store
 
-from . import aio, keeper, waits, worker
+from . import aio, beat, keeper, waits, worker
 from .clock import SYSTEM, Clock
 from .context import Context
 from .errors import InvalidJob, JobNotFound, RunnerClosed, store_failed
@@ -119,7 +119,7 @@ class Runner(Generic[C]):
         s = self._s
         db.register_runner(s.id, config.takeover_after)
         with s.lock:
-            keeper.beat(s, config.resume)
+            beat.beat(s, config.resume)
         if _is_async(fetch):
             # One event loop for every fetch, one thread to record them.
             self._threads = [
@@ -231,7 +231,7 @@ class Runner(Generic[C]):
         except BaseException:
             # The jobs may be stored all the same (the answer to the commit
             # was lost): then the next beat finds them leased to this runner
-            # and not in its rotation, and takes them up (keeper._take_up).
+            # and not in its rotation, and takes them up (beat._take_up).
             with s.lock:
                 s.adding.difference_update(ids[:room])
                 s.reserved -= room if bounded else 0
