@@ -13,13 +13,12 @@ import threading
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from itertools import islice
 from types import TracebackType
 from typing import Generic, TypeVar
 
 import store
 
-from . import aio, beat, keeper, waits, worker
+from . import aio, beat, checks, keeper, waits, worker
 from .clock import SYSTEM, Clock
 from .context import Context
 from .errors import InvalidJob, JobNotFound, RunnerClosed, store_failed
@@ -159,7 +158,9 @@ class Runner(Generic[C]):
         ``RunnerClosed`` after :meth:`close`; nothing is stored then. (A
         submit that races ``close`` may return the id of a job the closing
         runner leaves in the store, live, for the next runner.)"""
-        return self._submit(caller, [self._targets(targets)], [_name(name)])[0]
+        return self._submit(
+            caller, [checks.targets(targets, self._s.config.max_targets)], [checks.job_name(name)]
+        )[0]
 
     def submit_many(
         self,
@@ -179,11 +180,11 @@ class Runner(Generic[C]):
         checked: list[list[Target]] = []
         for k, targets in enumerate(jobs):
             try:
-                checked.append(self._targets(targets))
+                checked.append(checks.targets(targets, self._s.config.max_targets))
             except InvalidJob as e:
                 raise InvalidJob(f"job {k}: {e}") from None
         given: list[str | None] = (
-            [None] * len(checked) if names is None else [_name(n) for n in names]
+            [None] * len(checked) if names is None else [checks.job_name(n) for n in names]
         )
         if len(given) != len(checked):
             raise InvalidJob(f"{len(checked)} jobs and {len(given)} names: give one name each")
@@ -252,32 +253,13 @@ class Runner(Generic[C]):
                 )
         return ids
 
-    def _targets(self, targets: Iterable[str | Target]) -> list[Target]:
-        if isinstance(targets, str | bytes) or not isinstance(targets, Iterable):
-            raise InvalidJob(
-                f"targets must be a list of str or batch.Target, not {type(targets).__name__}"
-            )
-        most = self._s.config.max_targets
-        items = list(islice(targets, most + 1))
-        if not items:
-            raise InvalidJob("a job needs at least one target")
-        if len(items) > most:
-            raise InvalidJob(f"a job holds at most {most} targets (Config.max_targets)")
-        out: list[Target] = []
-        for pos, item in enumerate(items):
-            try:
-                out.append(item if isinstance(item, Target) else Target(item))
-            except InvalidJob as e:
-                raise InvalidJob(f"target {pos}: {e}") from None
-        return out
-
     def status(self, caller: C, job_id: str) -> Job:
         """The job as stored, whichever runner holds it; ``running`` at once
         if this runner started it. Raises ``JobNotFound`` for an unknown,
         evicted or another caller's job. Works after :meth:`close` too."""
         s = self._s
         with store_failed():
-            row = s.store.get_job(_stored_id(job_id), caller_id(caller))
+            row = s.store.get_job(checks.stored_id(job_id), caller_id(caller))
         if row is None:
             raise JobNotFound(f"no job {job_id!r}")
         status = row.status
@@ -299,7 +281,7 @@ class Runner(Generic[C]):
         """Mark the job as used now, so that eviction takes it last. Raises
         ``JobNotFound`` like :meth:`status`."""
         with store_failed():
-            touched = self._s.store.touch_job(_stored_id(job_id), caller_id(caller))
+            touched = self._s.store.touch_job(checks.stored_id(job_id), caller_id(caller))
         if not touched:
             raise JobNotFound(f"no job {job_id!r}")
 
@@ -314,7 +296,7 @@ class Runner(Generic[C]):
         s = self._s
         owner = caller_id(caller)
         try:
-            job_id = _stored_id(job_id)
+            job_id = checks.stored_id(job_id)
         except JobNotFound:
             return False
         # The store is written without the runner's lock: the workers go on
@@ -353,8 +335,10 @@ class Runner(Generic[C]):
         runner holds is looked up in the store every ``WAIT_POLL`` seconds
         (so its end is seen that much later at most)."""
         owner = caller_id(caller)
-        job_id = _stored_id(job_id)
-        waits.ended(self._s, owner, (job_id,), _deadline(timeout, self._s.clock), f"job {job_id!r}")
+        job_id = checks.stored_id(job_id)
+        waits.ended(
+            self._s, owner, (job_id,), checks.deadline(timeout, self._s.clock), f"job {job_id!r}"
+        )
         return self.status(caller, job_id)
 
     def as_completed(
@@ -369,8 +353,8 @@ class Runner(Generic[C]):
         owner = caller_id(caller)
         if isinstance(job_ids, str) or not isinstance(job_ids, Iterable):
             raise TypeError(f"job_ids is a collection of job ids, not {type(job_ids).__name__}")
-        pending = list(dict.fromkeys(_stored_id(job_id) for job_id in job_ids))
-        deadline = _deadline(timeout, self._s.clock)
+        pending = list(dict.fromkeys(checks.stored_id(job_id) for job_id in job_ids))
+        deadline = checks.deadline(timeout, self._s.clock)
 
         def completed() -> Iterator[Job]:
             while pending:
@@ -387,8 +371,8 @@ class Runner(Generic[C]):
         runner holds is awaited on a future its end resolves). The same
         errors as :meth:`wait`."""
         owner = caller_id(caller)
-        job_id = _stored_id(job_id)
-        _deadline(timeout, self._s.clock)  # checks the timeout
+        job_id = checks.stored_id(job_id)
+        checks.deadline(timeout, self._s.clock)  # checks the timeout
         await waits.ended_async(self._s, owner, job_id, waits.loop_deadline(timeout))
         return await asyncio.to_thread(self.status, caller, job_id)
 
@@ -438,7 +422,7 @@ class Runner(Generic[C]):
         hook holds the runner) by then; calling again waits again.
         """
         s = self._s
-        deadline = _deadline(timeout, SYSTEM)
+        deadline = checks.deadline(timeout, SYSTEM)
         s.ctx.cancel()
         if not s.lock.acquire(timeout=_left(deadline)):
             # Closing begins all the same: a worker reads ``closed`` under
@@ -493,57 +477,12 @@ class Runner(Generic[C]):
         return f"<batch.Runner {state} workers={st.workers} live={st.live} inflight={st.inflight}>"
 
 
-#: The longest name a job may have, in characters.
-MAX_NAME = 200
-
-
-def _name(name: object) -> str | None:
-    """A job's name, checked: None, or printable text of at most
-    ``MAX_NAME`` characters."""
-    if name is None:
-        return None
-    if not isinstance(name, str):
-        raise InvalidJob(f"a job's name is a str or None, not {type(name).__name__}")
-    if not name.strip() or not name.isprintable() or len(name) > MAX_NAME:
-        raise InvalidJob(
-            f"a job's name is printable text of 1 to {MAX_NAME} characters, not {name[:40]!r}"
-        )
-    return name
-
-
 def _is_async(fetch: object) -> bool:
     """Whether ``fetch`` is an ``async def`` function (or an object whose
     ``__call__`` is one, or a partial of one)."""
     return inspect.iscoroutinefunction(fetch) or inspect.iscoroutinefunction(
         getattr(fetch, "__call__", None)  # noqa: B004 - an object's async __call__
     )
-
-
-def _job_id(job_id: object) -> str:
-    if not isinstance(job_id, str):
-        raise TypeError(f"a job id is a str, not {type(job_id).__name__}")
-    return job_id
-
-
-def _stored_id(job_id: object) -> str:
-    """``job_id``, checked before it is looked up in the store."""
-    checked = _job_id(job_id)
-    if not checked.isascii():
-        # Job ids are hex: this one cannot exist (nor be bound, if it holds a
-        # lone surrogate).
-        raise JobNotFound(f"no job {checked!r}")
-    return checked
-
-
-def _deadline(timeout: object, clock: Clock) -> float:
-    """The deadline ``timeout`` seconds from now on ``clock`` (inf for None)."""
-    if timeout is None:
-        return math.inf
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool):
-        raise TypeError(f"timeout is a number of seconds or None, not {type(timeout).__name__}")
-    if math.isnan(timeout) or timeout < 0:
-        raise ValueError(f"timeout must be >= 0 seconds, not {timeout}")
-    return clock.monotonic() + timeout
 
 
 def _left(deadline: float) -> float:
