@@ -37,6 +37,7 @@ from pathlib import Path
 import batch
 import batch.web
 from bench.measure import REPO, Figure, Goal, Options, Row, Scenario, Series, Skipped, alternate
+from bench.suite import join, main
 from bench.workload import PATIENCE, Tally, raw_sqlite, result_json
 
 __all__ = ["SCENARIO"]
@@ -258,9 +259,7 @@ def run(opts: Options) -> list[Row]:
     ]
 
 
-SCENARIO: Scenario = Scenario("8", "the command line", run)
+SCENARIO: Scenario = join(Scenario("8", "the command line", run))
 
 if __name__ == "__main__":
-    from bench.run import main
-
     raise SystemExit(main(suite=[SCENARIO]))

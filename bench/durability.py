@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench.measure import Figure, Options, Row, Scenario, Series, alternate
-from bench.runs import placed_rate
-from bench.throughput import runner_rate
+from bench.suite import join, main
+from bench.workload import placed_rate, runner_rate
 
 __all__ = ["SCENARIO"]
 
@@ -59,9 +59,7 @@ def run(opts: Options) -> list[Row]:
     return [full_vs_normal("runner", "runner"), full_vs_normal("submit_run placed", "submit")]
 
 
-SCENARIO: Scenario = Scenario("D", "durability", run)
+SCENARIO: Scenario = join(Scenario("D", "durability", run))
 
 if __name__ == "__main__":
-    from bench.run import main
-
     raise SystemExit(main(suite=[SCENARIO]))

@@ -34,33 +34,24 @@ import functools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import batch
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, alternate
-from bench.throughput import TargetRow, check_done, commit_result, targets_table
-from bench.workload import drain_rate, open_runner, refs, result_json, scratch
+from bench.suite import join, main
+from bench.workload import (
+    Shape,
+    TargetRow,
+    check_done,
+    commit_result,
+    drain_rate,
+    open_runner,
+    refs,
+    result_json,
+    scratch,
+    targets_table,
+)
 
-__all__ = ["SCENARIO", "Shape"]
-
-
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """Workers, each fetch's latency in seconds, and the work."""
-
-    workers: int
-    latency: float
-    jobs: int
-    per_job: int
-
-    @property
-    def ideal(self) -> float:
-        """Targets per second with every worker busy all the time."""
-        return self.workers / self.latency
-
-    @property
-    def name(self) -> str:
-        return f"{self.workers} workers x {self.latency * 1000:g} ms"
+__all__ = ["SCENARIO"]
 
 
 FULL = (Shape(256, 0.05, 1_000, 20), Shape(64, 0.01, 500, 20))
@@ -201,9 +192,7 @@ def run(opts: Options) -> list[Row]:
     return rows
 
 
-SCENARIO: Scenario = Scenario("7", "many I/O-bound workers", run)
+SCENARIO: Scenario = join(Scenario("7", "many I/O-bound workers", run))
 
 if __name__ == "__main__":
-    from bench.run import main
-
     raise SystemExit(main(suite=[SCENARIO]))

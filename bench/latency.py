@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import batch
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, alternate
+from bench.suite import join, main
 from bench.workload import CALLER, PATIENCE, WORKERS, Tally, open_runner, scratch
 
 __all__ = ["SCENARIO"]
@@ -302,9 +303,7 @@ def run(opts: Options) -> list[Row]:
     ]
 
 
-SCENARIO: Scenario = Scenario("3", "latency", run)
+SCENARIO: Scenario = join(Scenario("3", "latency", run))
 
 if __name__ == "__main__":
-    from bench.run import main
-
     raise SystemExit(main(suite=[SCENARIO]))

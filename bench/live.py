@@ -33,8 +33,17 @@ from typing import Any
 
 import batch
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, alternate
-from bench.throughput import runner_rate
-from bench.workload import CALLER, PATIENCE, drain_rate, echo, open_runner, refs, scratch
+from bench.suite import join, main
+from bench.workload import (
+    CALLER,
+    PATIENCE,
+    drain_rate,
+    echo,
+    open_runner,
+    refs,
+    runner_rate,
+    scratch,
+)
 
 __all__ = ["SCENARIO"]
 
@@ -165,9 +174,7 @@ def run(opts: Options) -> list[Row]:
     ]
 
 
-SCENARIO: Scenario = Scenario("2", "many live jobs", run)
+SCENARIO: Scenario = join(Scenario("2", "many live jobs", run))
 
 if __name__ == "__main__":
-    from bench.run import main
-
     raise SystemExit(main(suite=[SCENARIO]))

@@ -51,6 +51,7 @@ from typing import Any
 import batch
 import store
 from bench.measure import REPO, Figure, Goal, Options, Row, Scenario, Series, alternate
+from bench.suite import join, main
 from bench.workload import (
     CALLER,
     PATIENCE,
@@ -344,9 +345,7 @@ def run(opts: Options) -> list[Row]:
     ]
 
 
-SCENARIO: Scenario = Scenario("6", "memory", run)
+SCENARIO: Scenario = join(Scenario("6", "memory", run))
 
 if __name__ == "__main__":
-    from bench.run import main
-
     raise SystemExit(main(suite=[SCENARIO]))

@@ -39,12 +39,10 @@ from dataclasses import dataclass
 import store
 from bench.engine import Raw, copy_of, scratch
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Unit, alternate
-from store.db import Synchronous
+from bench.suite import join, main
+from bench.workload import advertise, open_store, placed_rate, submit
 
 __all__ = ["SCENARIO"]
-
-#: Every run: one step any node can take, so each holds exactly one node.
-STEPS = [store.Step("work", "exec", {"linux"})]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,25 +72,6 @@ FULL = Sizes(
 QUICK = Sizes(
     history=1_000, nodes=100, queued=1_000, short=100, wakes=5, freed=10, many_wakes=2, submits=50
 )
-
-
-def open_store(path: str, synchronous: Synchronous = "NORMAL") -> store.Store:
-    """The store as measured: one node per run."""
-    return store.open(path, max_leases_per_run=1, synchronous=synchronous)
-
-
-def advertise(db: store.Store, first: int, last: int) -> None:
-    """Advertise nodes ``first`` to ``last - 1``, any of which can take any run."""
-    for i in range(first, last):
-        db.advertise(store.Advert(f"n{i:05d}", f"box-{i}", {"linux"}))
-
-
-def submit(db: store.Store, runs: int, state: str) -> None:
-    """Submit ``runs`` runs, each of which must end up in ``state``."""
-    for _ in range(runs):
-        view = db.submit_run(STEPS)
-        if view.state != state:
-            raise RuntimeError(f"a run went {view.state}, not {state}: the file is not as built")
 
 
 def build(path: str, queued: int, sizes: Sizes) -> None:
@@ -182,16 +161,6 @@ def unindexed_costs(base: str, sizes: Sizes) -> dict[str, float]:
             conn.execute("DROP INDEX runs_queued")
         with open_store(path) as db:
             return wakes(path, db, sizes)
-
-
-def placed_rate(runs: int, synchronous: Synchronous = "NORMAL") -> dict[str, float]:
-    """(e) in runs per second: ``submit_run`` placing each run at once on an
-    idle node."""
-    with scratch() as path, open_store(path, synchronous) as db:
-        advertise(db, 0, runs)
-        start = time.perf_counter()
-        submit(db, runs, "RUNNING")
-        return {"placed": runs / (time.perf_counter() - start)}
 
 
 def build_backlog(path: str, sizes: Sizes) -> None:
@@ -309,9 +278,7 @@ def run(opts: Options) -> list[Row]:
     ]
 
 
-SCENARIO: Scenario = Scenario("5", "the run queue", run)
+SCENARIO: Scenario = join(Scenario("5", "the run queue", run))
 
 if __name__ == "__main__":
-    from bench.run import main
-
     raise SystemExit(main(suite=[SCENARIO]))

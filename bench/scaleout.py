@@ -24,9 +24,9 @@ import functools
 from collections.abc import Callable
 
 from bench.engine import engine, scratch
-from bench.iobound import Shape
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Skipped, alternate
-from bench.workload import together
+from bench.suite import join, main
+from bench.workload import Shape, together
 
 __all__ = ["SCENARIO"]
 
@@ -168,9 +168,7 @@ def run(opts: Options) -> list[Row]:
     return rows
 
 
-SCENARIO: Scenario = Scenario("10", "runner processes on one database", run)
+SCENARIO: Scenario = join(Scenario("10", "runner processes on one database", run))
 
 if __name__ == "__main__":
-    from bench.run import main
-
     raise SystemExit(main(suite=[SCENARIO]))

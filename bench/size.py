@@ -33,6 +33,7 @@ from typing import Any
 
 import store
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, alternate
+from bench.suite import join, main
 from bench.workload import (
     CALLER,
     PATIENCE,
@@ -186,9 +187,7 @@ def run(opts: Options) -> list[Row]:
     ]
 
 
-SCENARIO: Scenario = Scenario("4", "the store at size", run)
+SCENARIO: Scenario = join(Scenario("4", "the store at size", run))
 
 if __name__ == "__main__":
-    from bench.run import main
-
     raise SystemExit(main(suite=[SCENARIO]))

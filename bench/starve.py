@@ -34,6 +34,7 @@ from unittest import mock
 import store
 from bench.engine import scratch
 from bench.measure import Figure, Options, Row, Scenario, Series, Unit, alternate
+from bench.suite import join, main
 from store.postgres import PostgresDatabase
 from store.sqlite import SQLiteDatabase
 
@@ -184,9 +185,7 @@ def run(opts: Options) -> list[Row]:
     ]
 
 
-SCENARIO: Scenario = Scenario("9", "a mixed stream of runs", run)
+SCENARIO: Scenario = join(Scenario("9", "a mixed stream of runs", run))
 
 if __name__ == "__main__":
-    from bench.run import main
-
     raise SystemExit(main(suite=[SCENARIO]))

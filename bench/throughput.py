@@ -38,24 +38,22 @@ from typing import Any
 
 from bench.engine import engine, server_cpu
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Skipped, alternate
+from bench.suite import join, main
 from bench.workload import (
     PATIENCE,
     WORKERS,
-    drain_rate,
-    echo,
-    open_runner,
-    raw_sqlite,
+    TargetRow,
+    check_done,
+    commit_result,
     refs,
     result_json,
+    runner_rate,
     scratch,
+    targets_table,
     together,
 )
-from store.db import Synchronous
 
-__all__ = ["SCENARIO", "runner_rate"]
-
-#: One row of the baselines' table: job id, position, ref.
-TargetRow = tuple[str, int, str]
+__all__ = ["SCENARIO"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,63 +73,7 @@ ROUNDS = 5
 QUICK = Sizes(jobs=10, per_job=200, huey_tasks=500)
 
 
-def runner_rate(
-    jobs: int, per_job: int, synchronous: Synchronous = "NORMAL", *, many: bool = False
-) -> float:
-    """Targets per second of the runner: ``jobs`` jobs of ``per_job`` no-op
-    targets, submitted at once (each by ``submit``, or all by one
-    ``submit_many``) to an idle runner on a new store file."""
-    work = [refs(j, per_job) for j in range(jobs)]
-    with (
-        scratch() as path,
-        open_runner(path, echo, synchronous, max_targets=per_job) as (runner, tally),
-    ):
-        return drain_rate(runner, tally, work, many=many)
-
-
 # -- raw SQLite and the naive baseline ---------------------------------------------
-
-
-@contextlib.contextmanager
-def targets_table(jobs: int, per_job: int) -> Iterator[tuple[sqlite3.Connection, list[TargetRow]]]:
-    """A new file with a table shaped like the store's ``targets`` (job ids of
-    the runner's length, the same refs, every row pending), and its rows."""
-    rows = [(f"{j:032x}", i, ref) for j in range(jobs) for i, ref in enumerate(refs(j, per_job))]
-    with scratch() as path:
-        conn = raw_sqlite(path)
-        try:
-            conn.execute(
-                "CREATE TABLE targets (job_id TEXT, pos INTEGER, ref TEXT,"
-                " status TEXT NOT NULL DEFAULT 'pending', result TEXT,"
-                " PRIMARY KEY (job_id, pos)) WITHOUT ROWID"
-            )
-            conn.execute("BEGIN")
-            conn.executemany("INSERT INTO targets (job_id, pos, ref) VALUES (?, ?, ?)", rows)
-            conn.execute("COMMIT")
-            yield conn, rows
-        finally:
-            conn.close()
-
-
-def check_done(conn: sqlite3.Connection, rows: list[TargetRow]) -> None:
-    """Make sure the baseline did all its work: every row is stored."""
-    (done,) = conn.execute("SELECT count(*) FROM targets WHERE status = 'done'").fetchone()
-    if done != len(rows):
-        raise RuntimeError(f"the baseline stored {done} of {len(rows)} rows")
-
-
-def commit_result(
-    conn: sqlite3.Connection, lock: threading.Lock, row: TargetRow, result: str
-) -> None:
-    """Store one target's result as its own transaction, as the runner does."""
-    job_id, pos, _ = row
-    with lock:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute(
-            "UPDATE targets SET status = 'done', result = ? WHERE job_id = ? AND pos = ?",
-            (result, job_id, pos),
-        )
-        conn.execute("COMMIT")
 
 
 def raw_sqlite_rate(sizes: Sizes) -> float:
@@ -446,9 +388,7 @@ def run(opts: Options) -> list[Row]:
     return rows
 
 
-SCENARIO: Scenario = Scenario("1", "throughput", run)
+SCENARIO: Scenario = join(Scenario("1", "throughput", run))
 
 if __name__ == "__main__":
-    from bench.run import main
-
     raise SystemExit(main(suite=[SCENARIO]))

@@ -11,6 +11,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +23,27 @@ from store.db import Synchronous
 __all__ = [
     "CALLER",
     "PATIENCE",
+    "STEPS",
     "WORKERS",
+    "Shape",
     "Tally",
+    "TargetRow",
+    "advertise",
+    "check_done",
+    "commit_result",
     "copy_of",
     "drain_rate",
     "echo",
     "open_runner",
+    "open_store",
+    "placed_rate",
     "raw_sqlite",
     "refs",
     "result_json",
+    "runner_rate",
     "scratch",
+    "submit",
+    "targets_table",
 ]
 
 #: The workers of every runner and every thread pool measured: the runner's
@@ -209,3 +221,118 @@ def together(child: str, argvs: Sequence[Sequence[str]]) -> float:
     if any(p.returncode for p in procs):
         raise RuntimeError(f"{sum(bool(p.returncode) for p in procs)} of {len(procs)} failed")
     return max(float(end[-1]) for end in ends) - start_at
+
+
+# -- what several scenarios measure alike ---------------------------------------
+
+
+#: One row of the baselines' table: job id, position, ref.
+TargetRow = tuple[str, int, str]
+
+
+def runner_rate(
+    jobs: int, per_job: int, synchronous: Synchronous = "NORMAL", *, many: bool = False
+) -> float:
+    """Targets per second of the runner: ``jobs`` jobs of ``per_job`` no-op
+    targets, submitted at once (each by ``submit``, or all by one
+    ``submit_many``) to an idle runner on a new store file."""
+    work = [refs(j, per_job) for j in range(jobs)]
+    with (
+        scratch() as path,
+        open_runner(path, echo, synchronous, max_targets=per_job) as (runner, tally),
+    ):
+        return drain_rate(runner, tally, work, many=many)
+
+
+@contextlib.contextmanager
+def targets_table(jobs: int, per_job: int) -> Iterator[tuple[sqlite3.Connection, list[TargetRow]]]:
+    """A new file with a table shaped like the store's ``targets`` (job ids of
+    the runner's length, the same refs, every row pending), and its rows."""
+    rows = [(f"{j:032x}", i, ref) for j in range(jobs) for i, ref in enumerate(refs(j, per_job))]
+    with scratch() as path:
+        conn = raw_sqlite(path)
+        try:
+            conn.execute(
+                "CREATE TABLE targets (job_id TEXT, pos INTEGER, ref TEXT,"
+                " status TEXT NOT NULL DEFAULT 'pending', result TEXT,"
+                " PRIMARY KEY (job_id, pos)) WITHOUT ROWID"
+            )
+            conn.execute("BEGIN")
+            conn.executemany("INSERT INTO targets (job_id, pos, ref) VALUES (?, ?, ?)", rows)
+            conn.execute("COMMIT")
+            yield conn, rows
+        finally:
+            conn.close()
+
+
+def check_done(conn: sqlite3.Connection, rows: list[TargetRow]) -> None:
+    """Make sure the baseline did all its work: every row is stored."""
+    (done,) = conn.execute("SELECT count(*) FROM targets WHERE status = 'done'").fetchone()
+    if done != len(rows):
+        raise RuntimeError(f"the baseline stored {done} of {len(rows)} rows")
+
+
+def commit_result(
+    conn: sqlite3.Connection, lock: threading.Lock, row: TargetRow, result: str
+) -> None:
+    """Store one target's result as its own transaction, as the runner does."""
+    job_id, pos, _ = row
+    with lock:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(
+            "UPDATE targets SET status = 'done', result = ? WHERE job_id = ? AND pos = ?",
+            (result, job_id, pos),
+        )
+        conn.execute("COMMIT")
+
+
+#: Every run: one step any node can take, so each holds exactly one node.
+STEPS = [store.Step("work", "exec", {"linux"})]
+
+
+def open_store(path: str, synchronous: Synchronous = "NORMAL") -> store.Store:
+    """The store as measured: one node per run."""
+    return store.open(path, max_leases_per_run=1, synchronous=synchronous)
+
+
+def advertise(db: store.Store, first: int, last: int) -> None:
+    """Advertise nodes ``first`` to ``last - 1``, any of which can take any run."""
+    for i in range(first, last):
+        db.advertise(store.Advert(f"n{i:05d}", f"box-{i}", {"linux"}))
+
+
+def submit(db: store.Store, runs: int, state: str) -> None:
+    """Submit ``runs`` runs, each of which must end up in ``state``."""
+    for _ in range(runs):
+        view = db.submit_run(STEPS)
+        if view.state != state:
+            raise RuntimeError(f"a run went {view.state}, not {state}: the file is not as built")
+
+
+def placed_rate(runs: int, synchronous: Synchronous = "NORMAL") -> dict[str, float]:
+    """(e) in runs per second: ``submit_run`` placing each run at once on an
+    idle node."""
+    with scratch() as path, open_store(path, synchronous) as db:
+        advertise(db, 0, runs)
+        start = time.perf_counter()
+        submit(db, runs, "RUNNING")
+        return {"placed": runs / (time.perf_counter() - start)}
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """Workers, each fetch's latency in seconds, and the work."""
+
+    workers: int
+    latency: float
+    jobs: int
+    per_job: int
+
+    @property
+    def ideal(self) -> float:
+        """Targets per second with every worker busy all the time."""
+        return self.workers / self.latency
+
+    @property
+    def name(self) -> str:
+        return f"{self.workers} workers x {self.latency * 1000:g} ms"
