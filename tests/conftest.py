@@ -114,3 +114,12 @@ def no_thread_left() -> Iterator[None]:
         t.join(timeout=5)
     alive = [t.name for t in left if t.is_alive()]
     assert not alive, f"threads left running: {alive}"
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[store.Store, store.Store]]:
+    """Two handles on one file: one that places runs and one (``lease_ttl=0``)
+    that never does, so a queue can be built whose wake is left to the test."""
+    path = tmp_path / "x.sqlite3"
+    with store.open(path) as placing, store.open(path, lease_ttl=0) as holding:
+        yield placing, holding

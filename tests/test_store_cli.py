@@ -23,6 +23,7 @@ import store.cli
 import store.console
 from store.store import Store
 from tests.helpers import frozen
+from tests.runs_helpers import step
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -83,13 +84,9 @@ def rows(text: str) -> list[dict[str, str]]:
     ]
 
 
-def step(name: str, *needs: str) -> store.Step:
-    """A step of kind ``exec``."""
-    return store.Step(name, "exec", frozenset(needs))
-
-
 def finish(db: Store, node_id: str, run_id: str) -> None:
-    """Run, successfully, the one step ``node_id`` holds in ``run_id``."""
+    """Run, successfully and with no output, the one step ``node_id`` holds
+    in ``run_id``."""
     claim = db.claim_step(node_id)
     assert claim is not None and claim.run_id == run_id
     db.report_step(node_id, run_id, claim.seq, ok=True)
