@@ -1,0 +1,369 @@
+"""Opening a store: creating, migrating, refusing a foreign or newer file or
+a bad setting, closing; reading one: the operator's views and read-only
+opening; and a batch of outcomes stored in one go."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import store
+from store.schema import MIGRATIONS, VERSION
+from tests.helpers import raw
+from tests.jobs_helpers import (
+    job_of,
+    sqlite_pragma,
+    utf8_len,
+)
+
+# -- opening ----------------------------------------------------------------
+
+
+def test_open_creates_schema_version_and_wal(tmp_path: Path) -> None:
+    """A new file gets the current schema version and WAL journaling, so
+    readers and a writer can share it."""
+    path = tmp_path / "new.sqlite3"
+    with store.open(path) as db:
+        assert db.total_bytes() == 0
+        assert db.get_job("nope", "alice") is None
+    assert sqlite_pragma(path, "user_version") == VERSION
+    assert sqlite_pragma(path, "journal_mode") == "wal"
+
+
+def test_open_sets_up_an_empty_database_file(tmp_path: Path) -> None:
+    """An existing SQLite file with no tables is brought to the current schema."""
+    path = tmp_path / "old.sqlite3"
+    sqlite3.connect(path).close()
+    with store.open(path) as db:
+        db.create_job("j", "alice", ["a"])
+        assert job_of(db, "j").status == "queued"
+    assert sqlite_pragma(path, "user_version") == VERSION
+
+
+def test_a_file_of_another_application_is_refused_untouched(tmp_path: Path) -> None:
+    """A database file holding other tables and no store schema is not a
+    store: refused, naming it, and left exactly as it was."""
+    path = tmp_path / "theirs.sqlite3"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE jobs (x)")
+        conn.commit()
+    before = path.read_bytes()
+    with pytest.raises(store.StoreError, match="not a store file: it holds other tables"):
+        store.open(path)
+    assert path.read_bytes() == before
+    assert sqlite_pragma(path, "user_version") == 0
+
+
+@pytest.mark.parametrize("version", [0, 7, 1000])
+def test_a_file_another_application_numbered_is_refused_untouched(
+    tmp_path: Path, version: int
+) -> None:
+    """Another application's database, whatever it keeps in user_version
+    (it may number its own schema there), is not a store: refused as such,
+    never told to upgrade, and left as it was (not switched to WAL)."""
+    path = tmp_path / "theirs.sqlite3"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE invoices (id)")
+        conn.execute(f"PRAGMA user_version = {version:d}")
+        conn.commit()
+    before = path.read_bytes()
+    for readonly in (False, True):
+        with pytest.raises(store.StoreError, match="is not a store file") as info:
+            store.open(path, readonly=readonly)
+        assert "upgrade" not in str(info.value)
+    assert path.read_bytes() == before
+    assert sqlite_pragma(path, "journal_mode") == "delete"
+
+
+def test_reopen_keeps_data(tmp_path: Path) -> None:
+    """Data written before close is there after reopening the same file."""
+    path = tmp_path / "jobs.sqlite3"
+    with store.open(path) as db:
+        db.create_job("j1", "alice", ["a", "b"])
+        db.store_target("j1", 0, "done", result='"ü"')
+        assert db.set_job_status("j1", "running")
+        before = job_of(db, "j1")
+        total = db.total_bytes()
+    with store.open(path, synchronous="FULL") as db:
+        assert job_of(db, "j1") == before
+        assert db.total_bytes() == total == utf8_len('"ü"')
+        db.store_target("j1", 1, "failed", error="boom")
+        assert job_of(db, "j1").targets[1].status == "failed"
+    assert sqlite_pragma(path, "user_version") == VERSION
+
+
+def _store_of_version(location: str, version: int) -> None:
+    """Write, at ``location``, an empty store of schema ``version``, as an
+    older library left it (through its steps, not this library's open)."""
+    if location.startswith("postgresql://"):
+        from store import postgres  # noqa: PLC0415 (the PostgreSQL half only)
+
+        assert version == postgres.SCHEMA_VERSION
+        statements = [
+            *postgres.SCHEMA,
+            "CREATE TABLE store_schema (version INTEGER NOT NULL)",
+            f"INSERT INTO store_schema (version) VALUES ({version:d})",
+        ]
+        for statement in ("DROP SCHEMA public CASCADE", "CREATE SCHEMA public", *statements):
+            raw(location, statement)
+        return
+    with contextlib.closing(sqlite3.connect(location)) as conn:
+        for step in MIGRATIONS[:version]:
+            for statement in step:
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {version:d}")
+        conn.commit()
+
+
+def test_an_older_store_is_brought_forward_keeping_its_data(location: str) -> None:
+    """A store an older library wrote (schema version 4) is migrated on open,
+    on either engine: its jobs and nodes are kept, and what the new steps
+    add works on them."""
+    _store_of_version(location, 4)
+    raw(
+        location,
+        "INSERT INTO nodes (id, name, caps, last_seen) VALUES ('n1', 'box', '[\"linux\"]', 1)",
+    )
+    raw(
+        location,
+        "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at)"
+        " VALUES ('j1', 'alice', 'running', 1, 1, 1)",
+    )
+    raw(
+        location,
+        "INSERT INTO targets (job_id, pos, ref, status) VALUES"
+        " ('j1', 0, 'a', 'done'), ('j1', 1, 'b', 'failed'), ('j1', 2, 'c', 'pending')",
+    )
+    with store.open(location) as db:
+        assert [n.node_id for n in db.list_nodes()] == ["n1"]
+        assert job_of(db, "j1").status == "running"
+        (summary,) = db.list_jobs()
+        assert (summary.done, summary.failed, summary.pending) == (1, 1, 1)
+        run = db.submit_run([store.Step("s", "exec", {"linux"})])
+        assert run.state == "RUNNING"
+        db.advertise(store.Advert("n2", "gpu-box", {"gpu"}))
+        assert db.submit_run([store.Step("s", "exec", {"gpu"})]).state == "RUNNING"
+    if location.startswith("postgresql://"):
+        assert raw(location, "SELECT version FROM store_schema") == [(VERSION,)]
+    else:
+        assert sqlite_pragma(Path(location), "user_version") == VERSION
+
+
+def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    """A file written by a newer library is not touched: the error names the
+    file and tells the user to upgrade."""
+    path = tmp_path / "future.sqlite3"
+    store.open(path).close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute(f"PRAGMA user_version = {VERSION + 1:d}")
+        conn.commit()
+    with pytest.raises(store.StoreError) as info:
+        store.open(path)
+    message = str(info.value)
+    assert str(path) in message
+    assert "upgrade" in message.lower()
+    assert sqlite_pragma(path, "user_version") == VERSION + 1
+
+
+def test_not_a_database_raises_store_error(tmp_path: Path) -> None:
+    """Opening a file that is not a database raises StoreError naming the file,
+    so callers need to catch only the store's own errors."""
+    path = tmp_path / "garbage.sqlite3"
+    path.write_bytes(b"this is definitely not an SQLite database\n" * 200)
+    with pytest.raises(store.StoreError) as info:
+        store.open(path)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("synchronous", ["OFF", "normal", "EXTRA", "", "NORMAL; DROP"])
+def test_bad_synchronous_is_a_value_error(tmp_path: Path, synchronous: str) -> None:
+    """Only NORMAL and FULL are accepted; anything else is refused before the
+    file is created."""
+    path = tmp_path / "s.sqlite3"
+    with pytest.raises(ValueError, match="synchronous"):
+        store.open(path, synchronous=synchronous)  # type: ignore[arg-type]
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
+def test_good_synchronous_opens(tmp_path: Path, synchronous: str) -> None:
+    """Both durability levels open a usable store."""
+    with store.open(tmp_path / "s.sqlite3", synchronous=synchronous) as db:  # type: ignore[arg-type]
+        db.create_job("j", "alice", ["a"])
+        assert job_of(db, "j").status == "queued"
+
+
+CLOSED_CALLS: dict[str, Callable[[store.Store], object]] = {
+    "create_job": lambda db: db.create_job("k", "alice", ["a"]),
+    "get_job": lambda db: db.get_job("j", "alice"),
+    "set_job_status": lambda db: db.set_job_status("j", "running"),
+    "store_target": lambda db: db.store_target("j", 0, "done", result="1"),
+    "touch_job": lambda db: db.touch_job("j", "alice"),
+    "evict": lambda db: db.evict(0),
+    "total_bytes": lambda db: db.total_bytes(),
+}
+
+
+@pytest.mark.parametrize("call", sorted(CLOSED_CALLS))
+def test_closed_store_raises_store_error(tmp_path: Path, call: str) -> None:
+    """Every operation on a closed store raises StoreError, never a raw sqlite3 error."""
+    db = store.open(tmp_path / "c.sqlite3")
+    db.create_job("j", "alice", ["a"])
+    db.close()
+    with pytest.raises(store.StoreError, match="closed"):
+        CLOSED_CALLS[call](db)
+
+
+def test_close_is_idempotent(tmp_path: Path) -> None:
+    """Closing twice is harmless."""
+    db = store.open(tmp_path / "c.sqlite3")
+    db.close()
+    db.close()
+    with pytest.raises(store.StoreError):
+        db.total_bytes()
+
+
+def test_store_is_a_context_manager(tmp_path: Path) -> None:
+    """``with store.open(...) as db`` yields the store and closes it on exit,
+    also when the block raises."""
+    path = tmp_path / "cm.sqlite3"
+    with store.open(path) as db:
+        assert isinstance(db, store.Store)
+        assert db.path == str(path)
+        db.create_job("j", "alice", ["a"])
+    with pytest.raises(store.StoreError):
+        db.total_bytes()
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), store.open(path) as db2:
+        raise Boom
+    with pytest.raises(store.StoreError):
+        db2.get_job("j", "alice")
+
+
+def test_error_classes() -> None:
+    """The store's errors share one root; NotFound is a LookupError."""
+    assert issubclass(store.NotFound, store.StoreError)
+    assert issubclass(store.NotFound, LookupError)
+    assert issubclass(store.Conflict, store.StoreError)
+    assert issubclass(store.InvalidRun, ValueError)
+
+
+# -- reading a store: the operator's views and read-only opening ---------------
+
+
+def test_list_jobs_counts_targets_and_filters(db: store.Store) -> None:
+    db.create_job("j1", "alice", ["a", "b", "c"])
+    db.create_job("j2", "bob", ["x"])
+    db.store_target("j1", 0, "done", result="1")
+    db.store_target("j1", 1, "failed", error="boom")
+    db.store_target("j2", 0, "done", result="2", job_status="done")
+    summaries = db.list_jobs()
+    assert [(s.id, s.owner, s.status, s.done, s.failed, s.pending) for s in summaries] == [
+        ("j1", "alice", "queued", 1, 1, 1),
+        ("j2", "bob", "done", 1, 0, 0),
+    ]
+    assert summaries[0].nbytes == utf8_len("1", "boom")
+    assert [s.id for s in db.list_jobs(owner="bob")] == ["j2"]
+    assert [s.id for s in db.list_jobs(status="queued")] == ["j1"]
+    assert db.list_jobs(owner="carol") == []
+    assert [s.id for s in db.list_jobs(ids=["j2", "nope", "j1"])] == ["j1", "j2"]
+    assert [s.id for s in db.list_jobs(ids=["j1", "j2"], owner="bob")] == ["j2"]
+    assert db.list_jobs(ids=[]) == []
+
+
+def test_list_jobs_counts_a_job_interrupted_and_one_without_targets(db: store.Store) -> None:
+    """Counts stay right through every way a target ends, and a job of no
+    target is listed too."""
+    db.create_job("j1", "alice", ["a", "b", "c"])
+    db.create_job("empty", "alice", [])
+    db.store_target("j1", 0, "done", result="1")
+    assert db.interrupt_job("j1", "gone") == ("partial", 2)
+    assert [(s.id, s.status, s.done, s.failed, s.pending) for s in db.list_jobs()] == [
+        ("j1", "partial", 1, 2, 0),
+        ("empty", "queued", 0, 0, 0),
+    ]
+
+
+def test_find_job_reads_any_owner(db: store.Store) -> None:
+    db.create_job("j1", "alice", ["a"])
+    assert db.find_job("j1") == db.get_job("j1", "alice")
+    assert db.find_job("nope") is None
+
+
+def test_readonly_open_reads_and_refuses_writes(location: str) -> None:
+    with store.open(location) as db:
+        db.create_job("j1", "alice", ["a"])
+    with store.open(location, readonly=True) as ro:
+        assert ro.find_job("j1") is not None
+        with pytest.raises(store.StoreError, match="reading only"):
+            ro.create_job("j2", "alice", ["a"])
+    with store.open(location, readonly=True) as ro:
+        assert [s.id for s in ro.list_jobs()] == ["j1"]
+
+
+def test_readonly_open_of_a_missing_file_creates_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "missing.sqlite3"
+    with pytest.raises(store.StoreError, match="no store file"):
+        store.open(path, readonly=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_readonly_open_refuses_a_file_that_is_not_a_store(tmp_path: Path) -> None:
+    path = tmp_path / "empty.sqlite3"
+    sqlite3.connect(path).close()
+    path.write_bytes(b"")
+    with pytest.raises(store.StoreError, match="not a store file"):
+        store.open(path, readonly=True)
+
+
+def test_store_targets_stores_a_batch_in_one_go_and_reports_what_it_refused(
+    db: store.Store,
+) -> None:
+    """Outcomes of several jobs commit together; one the store cannot take
+    (its job gone, its target stored already) is reported and stops none of
+    the others; a job ends only if it was still live."""
+    db.create_job("a", "alice", ["1", "2"])
+    db.create_job("b", "alice", ["1"])
+    db.create_job("c", "alice", ["1"])
+    db.store_target("a", 0, "done", result="0")
+    db.set_job_status("c", "cancelled")
+    stored = db.store_targets(
+        [
+            store.TargetOutcome("a", 1, "done", result="11", job_status="done"),
+            store.TargetOutcome("gone", 0, "done", result="x"),
+            store.TargetOutcome("a", 0, "failed", error="again"),
+            store.TargetOutcome("b", 0, "failed", error="e", hint="h", job_status="failed"),
+            store.TargetOutcome("c", 0, "done", result="3", job_status="done"),
+        ]
+    )
+    assert {i: type(e) for i, e in stored.refused.items()} == {
+        1: store.NotFound,
+        2: store.Conflict,
+    }
+    assert stored.ended == {0, 3}
+    assert [(t.status, t.result) for t in job_of(db, "a").targets] == [
+        ("done", "0"),
+        ("done", "11"),
+    ]
+    assert (job_of(db, "a").status, job_of(db, "b").status, job_of(db, "c").status) == (
+        "done",
+        "failed",
+        "cancelled",
+    )
+    assert job_of(db, "c").targets[0].result == "3"
+    assert db.total_bytes() == utf8_len("0", "11", "e", "h", "3")
+
+
+@pytest.mark.parametrize(
+    ("status", "job_status"), [("pending", None), ("done", "running"), ("done", "nope")]
+)
+def test_a_target_outcome_refuses_a_status_it_cannot_store(status: str, job_status: str) -> None:
+    with pytest.raises(ValueError, match="ends"):
+        store.TargetOutcome("a", 0, status, job_status=job_status)
