@@ -10,7 +10,9 @@ when; every stored result names the process that fetched it.
 
 Test 6 makes, in one process, the moment a SIGSTOP can only hit by luck:
 a runner frozen between storing a target and moving its job on. Test 7
-opens a new store file while another process holds its write lock.
+opens a new store file while another process holds its write lock. Tests
+4 and 5 (another process cancels, waits, sees running) are in
+``test_ownership_elsewhere.py``; the children in ``ownership_children.py``.
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ import textwrap
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,292 +39,23 @@ import batch
 import store
 from tests.helpers import (
     TIMEOUT,
-    ChildProcess,
-    Raw,
     Recorder,
     Script,
     eventually,
     hold_write_lock,
     raw,
-    within,
-    write_locked,
+)
+from tests.ownership_children import (
+    ROOT,
+    family,
+    hold,
+    live_jobs,
+    read_store,
+    stop_between_writes,
+    taken_over,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")]
-
-ROOT = Path(__file__).resolve().parents[1]
-
-#: One runner in a process of its own, driven by lines on its stdin and
-#: answering with one JSON object a line on its stdout. Its fetch logs
-#: ``<name> <ref> <time.time()>`` to its log file, waits ``delay`` seconds
-#: (on the context, so close cuts it short) and returns ``{"ref", "by"}``.
-#: Refs are ``<name>.<job>.<target>``: the submitting process, the job's
-#: place among its jobs, the target's place in the job.
-CHILD = textwrap.dedent(
-    r"""
-    import dataclasses, json, logging, os, sys, threading, time
-    import batch, store, store.sqlite
-
-    cfg = json.loads(sys.argv[1])
-    store.sqlite.BUSY_TIMEOUT = cfg["busy_timeout"]  # read at connect time
-    logging.basicConfig(
-        stream=sys.stderr, level=logging.WARNING, format="%(created).6f %(levelname)s %(message)s"
-    )
-    name = cfg["name"]
-    lock = threading.Lock()
-    log = open(cfg["log"], "a", encoding="utf-8")
-    tried = set()
-
-    def say(**fields):
-        with lock:
-            sys.stdout.write(json.dumps(fields) + "\n")
-            sys.stdout.flush()
-
-    def fetch(ctx, caller, target):
-        ref = target.ref
-        with lock:
-            log.write(f"{name} {ref} {time.time():.6f}\n")
-            log.flush()
-            first = ref not in tried
-            tried.add(ref)
-        if cfg["announce"]:
-            say(started=ref, t=time.time())
-        if first and ref in cfg["busy_once"]:
-            raise batch.RetryLater("busy the first time")
-        ctx.wait(cfg["delay"])
-        return {"ref": ref, "by": name}
-
-    db = store.open(cfg["path"])
-    config = batch.Config(
-        workers=cfg["workers"],
-        takeover_after=cfg["takeover_after"],
-        retry_wait=cfg["retry_wait"],
-        resume=lambda cid: batch.Caller(cid),
-    )
-    runner = batch.Runner(db, fetch, config)
-    caller = batch.Caller(name)
-    ids = []
-    say(runner=runner.id, pid=os.getpid())
-    try:
-        for line in sys.stdin:
-            cmd, *args = line.split()
-            if cmd == "submit":
-                for _ in range(int(args[0])):
-                    k = len(ids)
-                    refs = [f"{name}.{k}.{i}" for i in range(int(args[1]))]
-                    ids.append(runner.submit(caller, refs))
-                say(ids=ids)
-            elif cmd == "wait":
-                say(ended={i: runner.wait(caller, i, float(args[0])).status for i in ids})
-            elif cmd == "status":
-                say(status={i: runner.status(caller, i).status for i in ids})
-            elif cmd == "stats":
-                say(stats=dataclasses.asdict(runner.statistics()), t=time.time())
-            elif cmd == "close":
-                break
-    finally:
-        runner.close(10)
-        db.close()
-        say(closed=True)
-    """
-)
-
-
-@dataclass(frozen=True)
-class Fetched:
-    """One line of a child's fetch log."""
-
-    who: str
-    ref: str
-    t: float
-
-    @property
-    def job(self) -> str:
-        """The job's ref prefix: ``<submitter>.<k>``."""
-        return self.ref.rsplit(".", 1)[0]
-
-
-class Child(ChildProcess):
-    """One child process running one runner on the shared store file."""
-
-    def __init__(
-        self,
-        tmp_path: Path,
-        location: str,
-        name: str,
-        *,
-        delay: float,
-        workers: int = 2,
-        takeover_after: float = 1.0,
-        busy_timeout: float = 0.3,
-        retry_wait: float = 1.0,
-        busy_once: tuple[str, ...] = (),
-        announce: bool = False,
-    ) -> None:
-        self.log = tmp_path / f"{name}.log"
-        self.log.touch()
-        cfg = {
-            "path": location,
-            "name": name,
-            "log": str(self.log),
-            "delay": delay,
-            "workers": workers,
-            "takeover_after": takeover_after,
-            "busy_timeout": busy_timeout,
-            "retry_wait": retry_wait,
-            "busy_once": list(busy_once),
-            "announce": announce,
-        }
-        self.runner_id = ""
-        self.pid = 0
-        super().__init__(
-            name, [sys.executable, "-c", CHILD, json.dumps(cfg)], tmp_path / f"{name}.err"
-        )
-
-    def ready(self) -> None:
-        """Wait for the child's runner to be up."""
-        hello = self.read("runner")
-        self.runner_id, self.pid = hello["runner"], hello["pid"]
-
-    def ask(self, line: str, key: str, timeout: float = TIMEOUT) -> Any:
-        """Send a command and return the ``key`` of its answer."""
-        self.send(line)
-        return self.read(key, timeout)[key]
-
-    def fetches(self) -> list[Fetched]:
-        """Every fetch the child started so far, in order (a line cut short
-        by SIGKILL is left out)."""
-        text = self.log.read_text(encoding="utf-8")
-        out = []
-        for line in text.split("\n")[:-1]:
-            who, ref, t = line.split()
-            out.append(Fetched(who, ref, float(t)))
-        return out
-
-    def send_signal(self, sig: signal.Signals) -> None:
-        self.proc.send_signal(sig)
-
-    def finish(self) -> None:
-        """Close the child's runner and let the child exit."""
-        self.send("close")
-        self.read("closed")
-        assert self.proc.wait(TIMEOUT) == 0, self.stderr()[-3000:]
-
-
-@contextlib.contextmanager
-def family(tmp_path: Path, location: str) -> Iterator[Callable[..., Child]]:
-    """Spawn children for the block, on a store file made beforehand; every
-    one is killed (if still running) and reaped when the block ends,
-    however it ends.
-
-    The file is made here, not by the children: several processes opening a
-    new file at once fail now and then (the last test of this file)."""
-    store.open(location).close()
-    kids: list[Child] = []
-
-    def spawn(name: str, **kwargs: Any) -> Child:
-        kid = Child(tmp_path, location, name, **kwargs)
-        kids.append(kid)
-        return kid
-
-    try:
-        yield spawn
-    finally:
-        for kid in kids:
-            kid.reap()
-
-
-def hold(seconds: float) -> None:
-    """Let a fault last ``seconds``: the length of the fault is what is under
-    test, so this is the one wait on time alone."""
-    threading.Event().wait(max(0.0, seconds))  # allow-sleep: the fault's length
-
-
-@dataclass(frozen=True)
-class StoredJob:
-    id: str
-    owner: str
-    status: str
-    lease_owner: str | None
-    lease_token: int
-
-
-@dataclass(frozen=True)
-class StoredTarget:
-    job_id: str
-    pos: int
-    ref: str
-    status: str
-    result: Any
-    error: str | None
-
-    @property
-    def by(self) -> str | None:
-        """The process whose fetch was stored."""
-        return None if self.result is None else self.result["by"]
-
-
-def read_store(location: str) -> tuple[dict[str, StoredJob], dict[str, StoredTarget]]:
-    """Jobs by id and targets by ref, read in one transaction."""
-    conn = Raw(location)
-    try:
-        with conn.snapshot():
-            jobs = {
-                row[0]: StoredJob(*row)
-                for row in conn.rows("SELECT id, owner, status, lease_owner, lease_token FROM jobs")
-            }
-            targets = {
-                row[2]: StoredTarget(
-                    *row[:4], None if row[4] is None else json.loads(row[4]), row[5]
-                )
-                for row in conn.rows("SELECT job_id, pos, ref, status, result, error FROM targets")
-            }
-    finally:
-        conn.close()
-    return jobs, targets
-
-
-def taken_over(location: str) -> int:
-    """How many jobs ever changed owner (their fencing token moved past 1)."""
-    ((n,),) = raw(location, "SELECT count(*) FROM jobs WHERE lease_token > 1")
-    return int(n)
-
-
-def live_jobs(location: str) -> int:
-    ((n,),) = raw(location, "SELECT count(*) FROM jobs WHERE status IN ('queued', 'running')")
-    return int(n)
-
-
-def is_stopped(pid: int) -> bool:
-    """Whether every thread of the process is stopped (a SIGSTOP is not
-    instant: a thread running on another CPU goes on until it is told)."""
-    tasks = Path(f"/proc/{pid}/task")
-    if tasks.exists():
-        states = [
-            (task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in tasks.iterdir()
-        ]
-        return all(state in "Tt" for state in states)
-    ps = subprocess.run(
-        ["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True, check=True
-    )
-    return ps.stdout.strip().startswith("T")
-
-
-def stop_between_writes(kid: Child, location: str) -> float:
-    """SIGSTOP ``kid`` just after one of its fetches started (so it has a
-    fetch in flight) at a moment it holds no write lock on the store (else
-    the stop would stall every runner: the fault of another test). Returns
-    a time by which it was stopped, every thread of it."""
-    for _ in range(20):
-        seen = len(kid.fetches())
-        assert eventually(lambda n=seen: len(kid.fetches()) > n), f"{kid.name} fetches nothing"
-        kid.send_signal(signal.SIGSTOP)
-        assert eventually(lambda: is_stopped(kid.pid), every=0.001)
-        stopped = time.time()  # no thread of it runs from here on
-        if not write_locked(location):
-            return stopped
-        kid.send_signal(signal.SIGCONT)
-    raise AssertionError(f"{kid.name} always held the write lock")
 
 
 # -- 1. a stall of the whole store --------------------------------------------
@@ -576,138 +307,6 @@ def test_the_jobs_of_a_killed_runner_are_finished_by_the_others(
         f" taken {taken_at - killed:.2f}s after the kill (lease {lapse}s);"
         f" {len(twice)} target(s) in flight fetched again"
     )
-
-
-# -- 4. cancel and wait from a process that does not own the job -------------------
-
-
-@pytest.mark.timeout(30)
-def test_cancel_and_wait_through_a_runner_of_another_process(
-    tmp_path: Path,
-    location: str,
-) -> None:
-    """A child runs a job of 20 slow targets (0.2 s each); the parent's own
-    runner on the file cancels it (True, ``cancelled`` in the store at once)
-    and waits for it (returns the cancelled job). The child starts no
-    target after the cancel, stores the one it had in flight, and the job
-    stays cancelled.
-
-    The child's lease is 0.45 s, so it beats every 0.15 s: one of its beats
-    surely comes while the target is in flight, as one does at random with
-    any lease whenever a fetch outlasts a third of it."""
-    caller = batch.Caller("c")
-    with family(tmp_path, location) as spawn:
-        child = spawn("c", delay=0.2, takeover_after=0.45)
-        child.ready()
-        (job_id,) = child.ask("submit 1 20", "ids")
-        assert eventually(lambda: len(child.fetches()) >= 2)
-        with store.open(location) as db, batch.Runner(db, lambda *_: None) as here:
-            # Cancel right after a fetch started: its predecessor is stored,
-            # so that fetch is the one in flight.
-            seen = len(child.fetches())
-            assert eventually(lambda: len(child.fetches()) > seen, every=0.001)
-            in_flight = child.fetches()[-1].ref
-            t0 = time.time()
-            assert here.cancel(caller, job_id) is True
-            t1 = time.time()
-            assert here.status(caller, job_id).status == "cancelled"
-            waited = here.wait(caller, job_id, timeout=5)
-            t2 = time.time()
-            assert waited.status == "cancelled"
-            assert here.statistics().live == 0  # it never took the job
-            assert here.cancel(caller, job_id) is False  # terminal now
-        # The child lets go of the job once the outcome in flight is recorded.
-        assert eventually(lambda: child.ask("stats", "stats")["live"] == 0, every=0.02)
-        t3 = time.time()
-        assert child.ask("status", "status") == {job_id: "cancelled"}
-        child.finish()
-        fetched = child.fetches()
-        errors = child.stderr()
-    jobs, targets = read_store(location)
-
-    started_after = [f for f in fetched if f.t > t1]
-    print(
-        f"cancel took {1000 * (t1 - t0):.1f} ms, wait returned {1000 * (t2 - t1):.1f} ms"
-        f" later; the child let go of the job {1000 * (t3 - t1):.0f} ms after the cancel;"
-        f" {len(fetched)} fetched, {len(started_after)} started after the cancel;"
-        f" the one in flight ({in_flight}) is {targets[in_flight].status}"
-    )
-    assert started_after == [], "a target started after the cancel returned"
-    assert fetched[-1].ref == in_flight
-    assert jobs[job_id].status == "cancelled"
-    statuses = [t.status for t in sorted(targets.values(), key=lambda t: t.pos)]
-    assert statuses[: len(fetched) - 1] == ["done"] * (len(fetched) - 1)
-    assert statuses[len(fetched) :] == ["pending"] * (20 - len(fetched))
-    # The outcome in flight is stored, not refused for a lease the owner's
-    # own beat released.
-    refused = [line for line in errors.splitlines() if "not stored" in line]
-    assert targets[in_flight].status == "done", refused
-    assert targets[in_flight].result == {"ref": in_flight, "by": "c"}
-
-
-@pytest.mark.timeout(30)
-def test_a_cancel_elsewhere_reaches_a_job_waiting_on_a_retry_within_the_poll(
-    tmp_path: Path,
-    location: str,
-) -> None:
-    """A job with no target in flight (it waits out ``retry_wait`` after a
-    busy answer) learns of a cancel made in another process only by polling
-    the store: it leaves its runner's rotation within about 0.1 s (so the
-    busy target is never tried again), and the cancel stays."""
-    caller = batch.Caller("c")
-    with family(tmp_path, location) as spawn:
-        child = spawn("c", delay=0.0, retry_wait=3.0, busy_once=("c.0.1",))
-        child.ready()
-        (job_id,) = child.ask("submit 1 3", "ids")
-        assert eventually(lambda: child.ask("stats", "stats")["waiting_retry"] == 1)
-        with store.open(location) as db, batch.Runner(db, lambda *_: None) as here:
-            assert here.cancel(caller, job_id) is True
-            cancelled = time.time()
-            left = eventually(lambda: child.ask("stats", "stats")["live"] == 0, every=0.001)
-            learnt = time.time()
-        assert left, "the job never left the child's rotation"
-        child.finish()
-        fetched = child.fetches()
-    assert [f.ref for f in fetched] == ["c.0.0", "c.0.1"]
-    assert learnt - cancelled < 0.1 + 0.1, "the owner polls every 0.1 s"
-    jobs, targets = read_store(location)
-    assert jobs[job_id].status == "cancelled"
-    assert [targets[r].status for r in ("c.0.0", "c.0.1", "c.0.2")] == [
-        "done",
-        "pending",
-        "pending",
-    ]
-    print(f"the owner let go of the cancelled job {1000 * (learnt - cancelled):.0f} ms later")
-
-
-# -- 5. running, seen from another process -----------------------------------------
-
-
-@pytest.mark.timeout(30)
-def test_running_is_seen_from_another_process_within_a_tenth_of_a_second(
-    tmp_path: Path,
-    location: str,
-) -> None:
-    """While the first target of a job is still in flight in the child, the
-    store read by the parent says ``running`` within 0.1 s of its start."""
-    with family(tmp_path, location) as spawn:
-        child = spawn("c", delay=TIMEOUT, announce=True)
-        child.ready()
-        with store.open(location) as db:
-            child.send("submit 1 2")
-            (job_id,) = child.read("ids")["ids"]
-            start = child.read("started")
-            assert start["started"] == "c.0.0"
-
-            def running() -> bool:
-                row = db.get_job(job_id, "c")
-                return row is not None and row.status == "running"
-
-            seen = within(start["t"] + 0.1 - time.time(), running)
-            seen_at = time.time()
-        child.finish()  # the fetch in flight sees the close and returns
-    assert seen, "the store did not say running within 0.1 s of the first target's start"
-    print(f"running seen in the store {1000 * (seen_at - start['t']):.0f} ms after the start")
 
 
 # -- 6. the worst moment to stop: between a commit and moving the job on --------------
