@@ -96,6 +96,44 @@ class Tx(Protocol):
         ...
 
 
+#: What a store's ``tracer`` is called with: each statement as the store
+#: writes it (``?`` placeholders), and its parameters (for ``executemany``,
+#: the list of every row's).
+Tracer = Callable[[str, Sequence[Any]], None]
+
+
+class _Traced:
+    """A transaction that tells ``tracer`` of each statement before it runs."""
+
+    __slots__ = ("_tracer", "_tx")
+
+    def __init__(self, tx: Tx, tracer: Tracer) -> None:
+        self._tx, self._tracer = tx, tracer
+
+    @property
+    def now(self) -> float:
+        return self._tx.now
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Cursor:
+        self._tracer(sql, args)
+        return self._tx.execute(sql, args)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any:
+        rows = list(rows)
+        self._tracer(sql, rows)
+        return self._tx.executemany(sql, rows)
+
+    def finish(self, sql: str, args: Sequence[Any] = ()) -> Cursor:
+        self._tracer(sql, args)
+        return self._tx.finish(sql, args)
+
+    def locking(self, *, skip: bool = False) -> str:
+        return self._tx.locking(skip=skip)
+
+    def try_lock(self, name: str) -> bool:
+        return self._tx.try_lock(name)
+
+
 class Database(abc.ABC):
     """An opened store location. Safe to share between threads.
 
@@ -110,6 +148,13 @@ class Database(abc.ABC):
     #: Where the store is: the file path, or the URL without its password.
     path: str
     readonly: bool
+    #: Told of every statement the store runs, if set (``Store.tracer``).
+    tracer: Tracer | None = None
+
+    def traced(self, tx: Tx) -> Tx:
+        """``tx``, telling :attr:`tracer` of each statement if one is set:
+        what each engine hands the function a transaction runs."""
+        return tx if self.tracer is None else _Traced(tx, self.tracer)
 
     @abc.abstractmethod
     def write(self, fn: Callable[[Tx], T], *, fenced: bool = False) -> T:

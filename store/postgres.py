@@ -830,7 +830,7 @@ class PostgresDatabase(Database):
         """Run ``fn`` once on ``conn`` (opening the store: no retry, no mark)."""
         try:
             tx = _Tx(self, conn, (_BEGIN_LOCKED, (LOCK_KEY,)) if write else None)
-            result = fn(tx)
+            result = fn(self.traced(tx))
             tx.commit()
         except psycopg.Error as e:
             _rollback(conn)
@@ -930,7 +930,7 @@ class PostgresDatabase(Database):
             )
         tx = _Tx(self, conn, begin, mark if write else None)
         try:
-            result = fn(tx)
+            result = fn(self.traced(tx))
             tx.commit()
         except psycopg.Error as e:
             tx.abandon()

@@ -152,7 +152,7 @@ class SQLiteDatabase(Database):
 
     def write(self, fn: Callable[[Tx], T], *, fenced: bool = False) -> T:
         with self.transaction() as conn:
-            return fn(conn)
+            return fn(self.traced(conn))
 
     def insert_targets(self, tx: Tx, jobs: Sequence[tuple[str, Sequence[str]]]) -> None:
         """A row at a time, in C."""
@@ -170,7 +170,7 @@ class SQLiteDatabase(Database):
 
     def read(self, fn: Callable[[Tx], T]) -> T:
         with self.transaction(write=False) as conn:
-            return fn(conn)
+            return fn(self.traced(conn))
 
     def notify(self, tx: Tx, notice: str) -> None:
         """Nothing is sent: SQLite has no channel between processes, so

@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import Any
 
 from . import jobs, nodes, outcomes, queue, record, runners, runs, waiting
-from .db import CANCELLED, WORK, Database, Synchronous, Tx, in_list
+from .db import CANCELLED, WORK, Database, Synchronous, Tracer, Tx, in_list
 from .errors import StoreError
 from .explain import explain as explain_run
 from .shapes import (
@@ -67,6 +67,23 @@ class Store:
     def path(self) -> str:
         """The file this store was opened on, or its URL (without a password)."""
         return self._db.path
+
+    @property
+    def tracer(self) -> Tracer | None:
+        """Called with each statement the store runs from now on, as written
+        (``?`` placeholders), and its parameters (for a statement run once
+        per row, the list of every row's), before it runs; None (the
+        default) for none. For seeing what a call costs::
+
+            db.tracer = lambda sql, params: print(sql, params)
+        """
+        return self._db.tracer
+
+    @tracer.setter
+    def tracer(self, tracer: Tracer | None) -> None:
+        if tracer is not None and not callable(tracer):
+            raise TypeError(f"a tracer is callable or None, not {type(tracer).__name__}")
+        self._db.tracer = tracer
 
     def close(self) -> None:
         """Close the file. Idempotent."""

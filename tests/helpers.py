@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 import batch
+import store
 from store.postgres import PostgresDatabase
 from store.sqlite import SQLiteDatabase
 from tests import pgserver
@@ -224,47 +225,11 @@ def _write_lock(location: str, *, wait: bool) -> Iterator[bool]:
             lite.execute("ROLLBACK" if not wait else "COMMIT")
 
 
-class Traced:
-    """A transaction that notes each statement it runs."""
-
-    def __init__(self, tx: Any, seen: list[str]) -> None:
-        self.tx, self.seen = tx, seen
-
-    @property
-    def now(self) -> float:
-        return float(self.tx.now)
-
-    def execute(self, sql: str, args: Any = ()) -> Any:
-        self.seen.append(f"{sql} {args!r}")
-        return self.tx.execute(sql, args)
-
-    def executemany(self, sql: str, rows: Any) -> Any:
-        self.seen.append(sql)
-        return self.tx.executemany(sql, rows)
-
-    def finish(self, sql: str, args: Any = ()) -> Any:
-        self.seen.append(f"{sql} {args!r}")
-        return self.tx.finish(sql, args)
-
-    def locking(self, *, skip: bool = False) -> str:
-        return str(self.tx.locking(skip=skip))
-
-    def try_lock(self, name: str) -> bool:
-        self.seen.append(f"try_lock {name}")
-        return bool(self.tx.try_lock(name))
-
-
-def trace(db: Any, monkeypatch: Any) -> list[str]:
+def trace(db: store.Store, monkeypatch: Any) -> list[str]:
     """Note every statement the store ``db`` runs from now on (with its
-    arguments), on either engine."""
+    arguments), on either engine, until the test ends (``Store.tracer``)."""
     seen: list[str] = []
-    for name in ("read", "write"):
-        run = getattr(db._db, name)
-        monkeypatch.setattr(
-            db._db,
-            name,
-            lambda fn, run=run, **how: run(lambda tx: fn(Traced(tx, seen)), **how),
-        )
+    monkeypatch.setattr(db, "tracer", lambda sql, args: seen.append(f"{sql} {args!r}"))
     return seen
 
 

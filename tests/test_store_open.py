@@ -367,3 +367,19 @@ def test_store_targets_stores_a_batch_in_one_go_and_reports_what_it_refused(
 def test_a_target_outcome_refuses_a_status_it_cannot_store(status: str, job_status: str) -> None:
     with pytest.raises(ValueError, match="ends"):
         store.TargetOutcome("a", 0, status, job_status=job_status)
+
+
+def test_a_tracer_is_told_each_statement_a_call_runs(db: store.Store) -> None:
+    """``Store.tracer`` sees every statement as the store writes it, with its
+    parameters, on either engine; None stops it."""
+    db.create_job("j", "alice", ["a", "b"])
+    seen: list[tuple[str, object]] = []
+    db.tracer = lambda sql, params: seen.append((sql, params))
+    assert db.get_job("j", "alice") is not None
+    assert any("FROM jobs" in sql and "j" in list(params) for sql, params in seen), seen  # type: ignore[call-overload]
+    db.tracer = None
+    seen.clear()
+    db.get_job("j", "alice")
+    assert seen == []
+    with pytest.raises(TypeError, match="callable"):
+        db.tracer = "print"  # type: ignore[assignment]
