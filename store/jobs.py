@@ -1,8 +1,9 @@
 """Batch jobs and their targets: what the runner stores, and eviction.
 
-Every function takes an open transaction's connection (``Database.transaction``)
-and runs inside it; the caller owns commit and rollback. A job is always read
-with its owner: another owner's job looks exactly like a missing one.
+Every function takes an open transaction (``Tx``, from ``Database.write``
+or ``read``) and runs inside it; the caller owns commit and rollback. A job
+is always read with its owner: another owner's job looks exactly like a
+missing one.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ run ends. A node holds at most one lease (the primary key): a leased node
 is busy, and no run is placed on it. (A batch runner's hold on a job is
 another thing: ``fence`` and ``runners``.)
 
-Functions take an open transaction's connection and run inside it.
+Functions take an open transaction (``Tx``) and run inside it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Nodes: what they advertise, whether they drain, and which are unavailable.
 
-Functions take an open transaction's connection and run inside it.
+Functions take an open transaction (``Tx``) and run inside it.
 """
 
 from __future__ import annotations

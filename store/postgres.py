@@ -435,7 +435,7 @@ class _Tx:
         # COMMIT is asked for; and until when it may be asked.
         self._mark = mark
         # What begins it, sent with its first statement: a write's lock,
-        # clock and mark (``_begin_write``), or a read's snapshot.
+        # clock and mark (``_BEGIN_SERIAL``, ``_BEGIN_FENCED``), or a read's snapshot.
         self._begin = begin
         self._now: float | None = None
         self._pipeline: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None

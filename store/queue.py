@@ -1,7 +1,7 @@
 """The queue: QUEUED runs, promoted in FIFO order as capacity frees.
 
 ``runs.state`` is the queue; there is no queue table. Functions take an open
-transaction's connection and run inside it.
+transaction (``Tx``) and run inside it.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ safe):
 3. A job no runner holds (``lease_owner`` NULL: waiting for room, or left
    by a runner that closed) is taken in submit order.
 
-Functions take an open transaction's connection and run inside it.
+Functions take an open transaction (``Tx``) and run inside it.
 """
 
 from __future__ import annotations

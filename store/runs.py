@@ -1,6 +1,6 @@
 """Runs and their steps: submit, read, claim, report, heartbeat, reap, cancel.
 
-Functions take an open transaction's connection and run inside it; none of
+Functions take an open transaction (``Tx``) and run inside it; none of
 them wakes the queue (the ``Store`` does that after the commit).
 """
 

@@ -6,7 +6,7 @@ behind it in FIFO order is placed on a node that could take one of its
 steps, until it starts. A wake places what fits, so a QUEUED run is most
 often one that does not fit now; either way, every such run reserves (a
 submit then holds back a little more than the next wake would). Functions
-take an open transaction's connection.
+take an open transaction (``Tx``).
 """
 
 from __future__ import annotations
