@@ -126,6 +126,11 @@ ACTS: st.SearchStrategy[Act] = st.one_of(
 # -- the gated fetch ------------------------------------------------------------
 
 
+#: Seconds a fetch waits for the machine to say how it ends: six of the
+#: machine's own waits.
+GATE = 6 * TIMEOUT
+
+
 class Call:
     """One fetch, waiting for the machine to say how it ends."""
 
@@ -133,7 +138,7 @@ class Call:
         self.ref = ref
         self.caller = caller
         self.ctx = ctx
-        self._act = Act("unexpected")
+        self._act: Act | None = None
         self._go = threading.Event()
 
     def finish(self, act: Act) -> None:
@@ -142,10 +147,11 @@ class Call:
             self._act = act
             self._go.set()
 
-    def wait(self) -> Act:
-        """The act decided by the machine; ``unexpected`` if it never decides."""
-        self._go.wait(TIMEOUT)
-        return self._act
+    def wait(self) -> Act | None:
+        """The act decided by the machine; None if it never decides (within
+        ``GATE``: long, so that a machine slowed down by a busy host is never
+        taken for one that forgot a fetch)."""
+        return self._act if self._go.wait(GATE) else None
 
 
 class GatedFetch:
@@ -176,6 +182,10 @@ class GatedFetch:
         finally:
             with self._lock:
                 self._inflight.discard(key)
+        if act is None:
+            with self._lock:
+                self.violations.append(f"{target.ref}: the machine never said how it ends")
+            act = Act("unexpected")
         return act.perform()
 
     def open_all(self) -> None:
