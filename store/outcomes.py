@@ -34,7 +34,7 @@ from .errors import Conflict, NotFound
 from .fence import holds, lease_args
 from .jobs import add_bytes, byte_slot, evict_past, total_bytes
 from .shapes import Lease, Stored, TargetOutcome
-from .states import LIVE_JOB, JobStatus, TargetState
+from .states import LIVE_JOB, LIVE_SQL, TERMINAL_SQL, JobStatus, TargetState
 
 __all__ = ["SERVER_FUNCTION", "record", "record_on_server"]
 
@@ -219,7 +219,7 @@ def _stored(
 #: each outcome's verdict and its job's status as decided, and the ids
 #: evicted. Once released, a change to it is a new schema step
 #: (``CREATE OR REPLACE``), never an edit of this text.
-SERVER_FUNCTION = """
+SERVER_FUNCTION = f"""
 CREATE FUNCTION store_record(
     batch JSON, starting JSON,
     max_bytes BIGINT, evict_lock BIGINT, my_slot INTEGER, at DOUBLE PRECISION,
@@ -264,7 +264,7 @@ BEGIN
                coalesce(o.owner IS NULL
                    OR (j.lease_owner = o.owner AND j.lease_token = o.token)
                    OR (j.lease_owner IS NULL AND j.lease_token = o.token
-                       AND j.status NOT IN ('queued', 'running')), false) AS holds
+                       AND j.status NOT IN {LIVE_SQL}), false) AS holds
           FROM o
           LEFT JOIN jobs j ON j.id = o.job
           LEFT JOIN targets t ON t.job_id = o.job AND t.pos = o.pos
@@ -272,7 +272,7 @@ BEGIN
         SELECT seen.*,
                CASE WHEN job_status IS NULL THEN 'gone'
                     WHEN NOT holds THEN 'lease'
-                    WHEN target IS DISTINCT FROM 'pending' THEN 'stored'
+                    WHEN target IS DISTINCT FROM '{TargetState.PENDING}' THEN 'stored'
                     -- The first of two for one target wins.
                     WHEN row_number() OVER (PARTITION BY job, pos, holds, target
                                             ORDER BY ord) > 1 THEN 'stored'
@@ -285,8 +285,8 @@ BEGIN
          WHERE c.verdict = 'ok' AND t.job_id = c.job AND t.pos = c.pos
     ), changes AS (
         SELECT job, sum(nbytes) AS nbytes,
-               count(*) FILTER (WHERE status = 'done') AS ndone,
-               count(*) FILTER (WHERE status = 'failed') AS nfailed,
+               count(*) FILTER (WHERE status = '{TargetState.DONE}') AS ndone,
+               count(*) FILTER (WHERE status = '{TargetState.FAILED}') AS nfailed,
                bool_or(owner IS NOT NULL) AS starts,
                (array_agg(job_end ORDER BY ord) FILTER (WHERE job_end IS NOT NULL))[1] AS job_end
           FROM c WHERE verdict = 'ok' GROUP BY job
@@ -294,7 +294,7 @@ BEGIN
         SELECT s.job, 0, 0, 0, true, NULL
           FROM json_to_recordset(starting) AS s (job TEXT, owner TEXT, token BIGINT)
           JOIN jobs j ON j.id = s.job
-         WHERE j.status = 'queued'
+         WHERE j.status = '{JobStatus.QUEUED}'
            AND (s.owner IS NULL OR (j.lease_owner = s.owner AND j.lease_token = s.token))
     ), by_job AS (
         SELECT job, sum(nbytes) AS nbytes, sum(ndone) AS ndone, sum(nfailed) AS nfailed,
@@ -304,33 +304,33 @@ BEGIN
         UPDATE jobs j
            SET nbytes = j.nbytes + c.nbytes, ndone = j.ndone + c.ndone,
                nfailed = j.nfailed + c.nfailed, updated_at = at,
-               status = CASE WHEN j.status NOT IN ('queued', 'running') THEN j.status
+               status = CASE WHEN j.status NOT IN {LIVE_SQL} THEN j.status
                              WHEN c.job_end IS NOT NULL THEN c.job_end
-                             WHEN c.starts THEN 'running'
+                             WHEN c.starts THEN '{JobStatus.RUNNING}'
                              ELSE j.status END,
                touched_at = CASE WHEN c.job_end IS NOT NULL
-                                      AND j.status IN ('queued', 'running')
+                                      AND j.status IN {LIVE_SQL}
                                  THEN at ELSE j.touched_at END,
                lease_owner = CASE WHEN c.job_end IS NOT NULL
-                                       AND j.status IN ('queued', 'running')
+                                       AND j.status IN {LIVE_SQL}
                                   THEN NULL ELSE j.lease_owner END
           FROM by_job c
          WHERE j.id = c.job
     )
-    SELECT coalesce(array_agg(verdict ORDER BY ord), '{}'),
-           coalesce(array_agg(job_status ORDER BY ord), '{}'),
+    SELECT coalesce(array_agg(verdict ORDER BY ord), '{{}}'),
+           coalesce(array_agg(job_status ORDER BY ord), '{{}}'),
            coalesce(sum(nbytes) FILTER (WHERE verdict = 'ok'), 0)
       INTO verdicts, seen, added
       FROM c;
 
-    evicted := '{}';
+    evicted := '{{}}';
     IF max_bytes IS NOT NULL THEN
         SELECT coalesce(sum(b.total), 0) + added INTO total FROM job_bytes b;
         kept := total;
         IF total > max_bytes AND pg_try_advisory_xact_lock(evict_lock) THEN
             WHILE kept > max_bytes LOOP
                 SELECT id, nbytes INTO gone FROM jobs
-                 WHERE status IN ('done', 'failed', 'partial', 'cancelled')
+                 WHERE status IN {TERMINAL_SQL}
                  ORDER BY touched_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED;
                 EXIT WHEN NOT FOUND;
                 DELETE FROM targets WHERE job_id = gone.id;

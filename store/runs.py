@@ -229,12 +229,12 @@ BEGIN
         queued_at := CASE WHEN last IS NULL OR at > last THEN at
                           ELSE last + greatest(abs(last) * 4.440892098500626e-16, 5e-324) END;
         INSERT INTO runs (id, state, created_at, warnings)
-            VALUES (r_id, 'QUEUED', queued_at, r_warnings);
+            VALUES (r_id, '{RunState.QUEUED}', queued_at, r_warnings);
         INSERT INTO steps (run_id, seq, name, kind, needs)
             SELECT r_id, s.seq, s.name, s.kind, s.needs
               FROM json_to_recordset(r_steps) AS s (seq INTEGER, name TEXT, kind TEXT, needs TEXT);
         INSERT INTO records (run_id, state, opened_at, steps)
-            VALUES (r_id, 'QUEUED', at, r_record);
+            VALUES (r_id, '{RunState.QUEUED}', at, r_record);
         verdict := 'queued';
     END IF;
 END $$
