@@ -16,6 +16,7 @@ from .db import Tx, in_list
 from .fence import fenced, lease_args
 from .shapes import JobRow, JobSummary, Lease, TargetRow
 from .states import (
+    JOB_STATUSES,
     LIVE_JOB,
     LIVE_SQL,
     TARGET_STATES,
@@ -141,7 +142,7 @@ def job_status(conn: Tx, job_id: str, owner: str) -> JobStatus | None:
     row = conn.execute(
         "SELECT status FROM jobs WHERE id = ? AND owner = ?", (job_id, owner)
     ).fetchone()
-    return None if row is None else JobStatus(row[0])
+    return None if row is None else JOB_STATUSES[row[0]]
 
 
 def total_bytes(conn: Tx) -> int:
@@ -261,7 +262,7 @@ def list_jobs(
 
 
 def _summary(job_id: str, owner: str, status: str, *rest: Any) -> JobSummary:
-    return JobSummary(job_id, owner, JobStatus(status), *rest)
+    return JobSummary(job_id, owner, JOB_STATUSES[status], *rest)
 
 
 #: The columns of ``jobs`` a :class:`JobRow` is made of, in its order.
@@ -355,7 +356,7 @@ def _job(row: Any, targets: tuple[TargetRow, ...]) -> JobRow:
     return JobRow(
         job_id,
         owner,
-        JobStatus(status),
+        JOB_STATUSES[status],
         created_at,
         updated_at,
         touched_at,

@@ -64,6 +64,16 @@ def snapshot(db: store.Store, *run_ids: str) -> Any:
     )
 
 
+def none_free(db: store.Store) -> None:
+    """Nodes n1 and n2 (linux), neither free: n1 runs a run, n2 drains
+    while a second run waits for a linux node."""
+    advertise(db, "n1", "linux")
+    advertise(db, "n2", "linux")
+    db.submit_run([step("a", "linux")])
+    db.drain("n2")
+    db.submit_run([step("b", "linux")])
+
+
 def busy_and_waiting(db: store.Store) -> None:
     """Node n1 runs ``busy``; ``waiting`` wants a linux node and is QUEUED."""
     advertise(db, "n1", "linux")

@@ -17,6 +17,7 @@ from tests.runs_helpers import (
     advertise,
     busy_and_waiting,
     finish,
+    none_free,
     snapshot,
     step,
     step_nodes,
@@ -412,11 +413,7 @@ def test_wake_with_no_free_node_reads_no_advert_or_queue(
     """With every node busy or draining, wake answers from one query: it
     reads neither the adverts nor the queue (what keeps it cheap however
     long the queue is)."""
-    advertise(db, "n1", "linux")
-    advertise(db, "n2", "linux")
-    db.submit_run([step("a", "linux")])
-    db.drain("n2")
-    db.submit_run([step("b", "linux")])
+    none_free(db)
     seen = trace(db, monkeypatch)
     assert db.wake_queued("test") == []
     assert seen
@@ -447,11 +444,7 @@ def test_submit_with_every_node_busy_reads_no_advert(
     """Once the adverts are known, a run submitted while no node is free is
     queued without reading them again (what keeps submit cheap however many
     nodes there are)."""
-    advertise(db, "n1", "linux")
-    advertise(db, "n2", "linux")
-    db.submit_run([step("a", "linux")])
-    db.drain("n2")
-    db.submit_run([step("b", "linux")])
+    none_free(db)
     seen = trace(db, monkeypatch)
     assert db.submit_run([step("c", "linux")]).state == "QUEUED"
     assert seen
