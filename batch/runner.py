@@ -1,24 +1,20 @@
-"""``Runner``: the caller's side (submit, status, touch, cancel, wait) and the
-runner's threads' lifecycle. The workers are in ``worker``, the group commit
-in ``commit``, the leases in ``keeper``; they share one ``State``."""
+"""``Runner``: the caller's side (submit, status, touch, cancel, wait,
+close). The threads' life is in ``threads``, the workers in ``worker``, the
+group commit in ``commit``, the leases in ``keeper``; they share one
+``State``."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import logging
-import math
-import threading
 import uuid
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Generic, TypeVar
 
 import store
 
-from . import aio, beat, checks, keeper, waits, worker
+from . import beat, checks, waits
 from .clock import SYSTEM, Clock
 from .context import Context
 from .errors import InvalidJob, JobNotFound, RunnerClosed, store_failed
@@ -34,7 +30,8 @@ from .model import (
 )
 from .rotation import LiveJob
 from .state import State
-from .states import JobStatus, Reason, TargetState
+from .states import JobStatus, TargetState
+from .threads import Threads, tell_others
 
 __all__ = ["Fetch", "Runner"]
 
@@ -45,12 +42,6 @@ C = TypeVar("C", bound=CallerLike)
 #: What a runner calls for each target: ``fetch(ctx, caller, target)`` returns
 #: a JSON-serializable value, or raises ``RetryLater`` or ``TargetError``.
 Fetch = Callable[[Context, C, Target], object]
-
-#: The open runners of this process, so that a cancel through one reaches
-#: the one holding the job at once; guarded by ``_OPEN_LOCK`` (runners open,
-#: close and cancel on any thread).
-_OPEN: weakref.WeakSet[State[object]] = weakref.WeakSet()
-_OPEN_LOCK = threading.Lock()
 
 
 class Runner(Generic[C]):
@@ -119,28 +110,7 @@ class Runner(Generic[C]):
         db.register_runner(s.id, config.takeover_after)
         with s.lock:
             beat.beat(s, config.resume)
-        if _is_async(fetch):
-            # One event loop for every fetch, one thread to record them.
-            self._threads = [
-                threading.Thread(target=aio.serve, args=(s, fetch), name="batch-loop", daemon=True),
-                threading.Thread(target=aio.write, args=(s,), name="batch-writer", daemon=True),
-            ]
-        else:
-            self._threads = [
-                threading.Thread(
-                    target=worker.work, args=(s, fetch), name=f"batch-worker-{i}", daemon=True
-                )
-                for i in range(config.workers)
-            ]
-        self._async = _is_async(fetch)
-        self._keeper = threading.Thread(
-            target=keeper.keep, args=(s, config.resume), name="batch-keeper", daemon=True
-        )
-        for t in (*self._threads, self._keeper):
-            t.start()
-        with _OPEN_LOCK:
-            _OPEN.add(s)  # type: ignore[arg-type]
-        self._unsubscribe = db.subscribe(functools.partial(keeper.on_notice, s))
+        self._threads = Threads(s, fetch)
 
     @property
     def id(self) -> str:
@@ -318,11 +288,7 @@ class Runner(Generic[C]):
             s.cancelled(job_id)
         # This runner may hold a stale copy of a job another has taken
         # since: every runner of this process that holds it is told.
-        with _OPEN_LOCK:
-            others = list(_OPEN)
-        for other in others:
-            if other is not s:
-                other.cancelled_elsewhere(job_id)
+        tell_others(s, job_id)
         return True
 
     def wait(self, caller: C, job_id: str, timeout: float | None = None) -> Job:
@@ -394,7 +360,7 @@ class Runner(Generic[C]):
         s = self._s
         with s.lock:
             return Statistics(
-                workers=self._workers(),
+                workers=self._threads.workers(),
                 live=len(s.rotation),
                 inflight=s.inflight,
                 waiting_retry=s.rotation.waiting_retry(s.clock.monotonic()),
@@ -403,13 +369,6 @@ class Runner(Generic[C]):
                 retries=s.counts.retries,
                 ended=dict(s.counts.ended),
             )
-
-    def _workers(self) -> int:
-        """Worker threads running; for an async fetch, the fetches the event
-        loop may run at once while it runs."""
-        if self._async:
-            return self._s.config.workers if self._threads[0].is_alive() else 0
-        return sum(t.is_alive() for t in self._threads)
 
     def close(self, timeout: float | None = None) -> None:
         """Stop: start no further target, cancel the fetch context, store what
@@ -421,44 +380,7 @@ class Runner(Generic[C]):
         hook does: ``TimeoutError`` if a worker is still in a fetch (or a
         hook holds the runner) by then; calling again waits again.
         """
-        s = self._s
-        deadline = checks.deadline(timeout, SYSTEM)
-        s.ctx.cancel()
-        if not s.lock.acquire(timeout=_left(deadline)):
-            # Closing begins all the same: a worker reads ``closed`` under
-            # the lock before it starts a target, so none starts once the
-            # holder lets go. Waking the idle ones is left to the next call.
-            s.closed = True
-            raise TimeoutError(f"a hook held the runner for longer than {timeout}s")
-        try:
-            s.closed = True
-            for job in s.rotation:
-                job.ctx.cancel(Reason.CLOSED)
-            s.idle.wake_all()
-            s.writes.notify_all()
-            s.changed_all()
-        finally:
-            s.lock.release()
-        with _OPEN_LOCK:
-            _OPEN.discard(s)  # type: ignore[arg-type]
-        self._unsubscribe()
-        me = threading.current_thread()
-        for t in self._threads:
-            if t is not me:
-                t.join(None if deadline == math.inf else _left(deadline))
-        busy = sum(t.is_alive() for t in self._threads if t is not me)
-        if busy:
-            raise TimeoutError(f"{busy} workers still in a fetch after {timeout}s")
-        if not s.lock.acquire(timeout=_left(deadline)):
-            raise TimeoutError(f"a hook held the runner for longer than {timeout}s")
-        try:
-            s.stopping = True
-            s.chores.notify_all()
-        finally:
-            s.lock.release()
-        self._keeper.join(None if deadline == math.inf else _left(deadline))
-        if self._keeper.is_alive():
-            raise TimeoutError(f"the store did not let runner {s.id} go within {timeout}s")
+        self._threads.stop(checks.deadline(timeout, SYSTEM), timeout)
 
     def __enter__(self) -> Runner[C]:
         return self
@@ -475,19 +397,3 @@ class Runner(Generic[C]):
         st = self.statistics()
         state = "closed" if st.closed else "open"
         return f"<batch.Runner {state} workers={st.workers} live={st.live} inflight={st.inflight}>"
-
-
-def _is_async(fetch: object) -> bool:
-    """Whether ``fetch`` is an ``async def`` function (or an object whose
-    ``__call__`` is one, or a partial of one)."""
-    return inspect.iscoroutinefunction(fetch) or inspect.iscoroutinefunction(
-        getattr(fetch, "__call__", None)  # noqa: B004 - an object's async __call__
-    )
-
-
-def _left(deadline: float) -> float:
-    """Seconds from now to ``deadline`` (real time), at least 0, at most what
-    a lock or a join takes (-1: no deadline, wait for good)."""
-    if deadline == math.inf:
-        return -1
-    return min(max(0.0, deadline - SYSTEM.monotonic()), threading.TIMEOUT_MAX)

@@ -1,0 +1,142 @@
+"""The runner's threads, from start to close: the workers (or the event loop
+and its writer), the keeper, and the open runners of this process that a
+cancel is told to."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from . import aio, keeper, worker
+from .clock import SYSTEM
+from .context import Context
+from .model import Target
+from .state import State
+from .states import Reason
+
+__all__ = ["Threads", "tell_others"]
+
+C = TypeVar("C")
+
+#: The open runners of this process, so that a cancel through one reaches
+#: the one holding the job at once; guarded by ``_OPEN_LOCK`` (runners open,
+#: close and cancel on any thread).
+_OPEN: weakref.WeakSet[State[Any]] = weakref.WeakSet()
+_OPEN_LOCK = threading.Lock()
+
+
+def tell_others(s: State[C], job_id: str) -> None:
+    """``job_id`` was cancelled through the runner of ``s``: every other open
+    runner of this process that holds it (a stale copy, if another runner
+    took the job since) halts it now. Called without any runner's lock."""
+    with _OPEN_LOCK:
+        others = list(_OPEN)
+    for other in others:
+        if other is not s:
+            other.cancelled_elsewhere(job_id)
+
+
+class Threads:
+    """A runner's threads: started together, stopped by :meth:`stop`.
+
+    For a plain ``fetch``, ``Config.workers`` worker threads; for an
+    ``async def`` one, one event loop thread and one thread that records
+    what it returns. Besides them, the keeper (leases, beats, cancels).
+    """
+
+    def __init__(self, s: State[Any], fetch: Callable[[Context, Any, Target], object]) -> None:
+        self._s = s
+        self.is_async = _is_async(fetch)
+        if self.is_async:
+            # One event loop for every fetch, one thread to record them.
+            self._workers = [
+                threading.Thread(target=aio.serve, args=(s, fetch), name="batch-loop", daemon=True),
+                threading.Thread(target=aio.write, args=(s,), name="batch-writer", daemon=True),
+            ]
+        else:
+            self._workers = [
+                threading.Thread(
+                    target=worker.work, args=(s, fetch), name=f"batch-worker-{i}", daemon=True
+                )
+                for i in range(s.config.workers)
+            ]
+        self._keeper = threading.Thread(
+            target=keeper.keep, args=(s, s.config.resume), name="batch-keeper", daemon=True
+        )
+        for t in (*self._workers, self._keeper):
+            t.start()
+        with _OPEN_LOCK:
+            _OPEN.add(s)
+        self._unsubscribe = s.store.subscribe(functools.partial(keeper.on_notice, s))
+
+    def workers(self) -> int:
+        """Worker threads running; for an async fetch, the fetches the event
+        loop may run at once while it runs."""
+        if self.is_async:
+            return self._s.config.workers if self._workers[0].is_alive() else 0
+        return sum(t.is_alive() for t in self._workers)
+
+    def stop(self, deadline: float, timeout: float | None) -> None:
+        """Close the runner: start no further target, cancel the fetch
+        context, let the workers store what the fetches in flight return and
+        join them, then stop the keeper, which releases the leases. Returns
+        or raises ``TimeoutError`` by ``deadline`` (on the system clock;
+        ``timeout`` seconds from the call); calling again waits again."""
+        s = self._s
+        s.ctx.cancel()
+        if not s.lock.acquire(timeout=_left(deadline)):
+            # Closing begins all the same: a worker reads ``closed`` under
+            # the lock before it starts a target, so none starts once the
+            # holder lets go. Waking the idle ones is left to the next call.
+            s.closed = True
+            raise TimeoutError(f"a hook held the runner for longer than {timeout}s")
+        try:
+            s.closed = True
+            for job in s.rotation:
+                job.ctx.cancel(Reason.CLOSED)
+            s.idle.wake_all()
+            s.writes.notify_all()
+            s.changed_all()
+        finally:
+            s.lock.release()
+        with _OPEN_LOCK:
+            _OPEN.discard(s)
+        self._unsubscribe()
+        me = threading.current_thread()
+        for t in self._workers:
+            if t is not me:
+                t.join(None if deadline == math.inf else _left(deadline))
+        busy = sum(t.is_alive() for t in self._workers if t is not me)
+        if busy:
+            raise TimeoutError(f"{busy} workers still in a fetch after {timeout}s")
+        if not s.lock.acquire(timeout=_left(deadline)):
+            raise TimeoutError(f"a hook held the runner for longer than {timeout}s")
+        try:
+            s.stopping = True
+            s.chores.notify_all()
+        finally:
+            s.lock.release()
+        self._keeper.join(None if deadline == math.inf else _left(deadline))
+        if self._keeper.is_alive():
+            raise TimeoutError(f"the store did not let runner {s.id} go within {timeout}s")
+
+
+def _is_async(fetch: object) -> bool:
+    """Whether ``fetch`` is an ``async def`` function (or an object whose
+    ``__call__`` is one, or a partial of one)."""
+    return inspect.iscoroutinefunction(fetch) or inspect.iscoroutinefunction(
+        getattr(fetch, "__call__", None)  # noqa: B004 - an object's async __call__
+    )
+
+
+def _left(deadline: float) -> float:
+    """Seconds from now to ``deadline`` (real time), at least 0, at most what
+    a lock or a join takes (-1: no deadline, wait for good)."""
+    if deadline == math.inf:
+        return -1
+    return min(max(0.0, deadline - SYSTEM.monotonic()), threading.TIMEOUT_MAX)
