@@ -65,11 +65,12 @@ from store.console import (
     table,
 )
 
-from . import demo, web
-from .errors import InvalidJob, JobNotFound
-from .model import Config, Target
+from .. import web
+from ..errors import InvalidJob, JobNotFound
+from ..model import Config, Target
+from ..states import LIVE_JOB, JobStatus, TargetState
+from . import demo
 from .progress import SHORT_ID, JobCaller, LiveRun, summary
-from .states import LIVE_JOB, JobStatus, TargetState
 
 __all__ = ["console_main", "main"]
 

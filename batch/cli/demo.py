@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .model import Config
+from ..model import Config
 from .progress import JobCaller, LiveRun
 
 __all__ = ["CANCEL_AT", "CANCEL_JOB", "CONFIG", "JOBS", "Site", "cancelling", "serving"]

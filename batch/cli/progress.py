@@ -20,12 +20,12 @@ from typing import TextIO
 import store
 from store.console import table
 
-from .context import Context
-from .errors import RetryLater
-from .hooks import Hooks
-from .model import Config, Target
-from .runner import Fetch, Runner
-from .states import EVICTED, TERMINAL_JOB, JobStatus, TargetState
+from ..context import Context
+from ..errors import RetryLater
+from ..hooks import Hooks
+from ..model import Config, Target
+from ..runner import Fetch, Runner
+from ..states import EVICTED, TERMINAL_JOB, JobStatus, TargetState
 
 __all__ = ["SHORT_ID", "Board", "JobCaller", "LiveRun", "summary", "table"]
 
