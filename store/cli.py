@@ -50,16 +50,16 @@ STORE_DB = "STORE_DB"
 # -- opening the store -----------------------------------------------------------
 
 
-def open_view(path: str) -> Store:
+def _open_view(path: str) -> Store:
     """The store at ``path``, read-only: nothing is created, migrated or written."""
     return open_store(path, readonly=True)
 
 
-def open_to_act(args: argparse.Namespace) -> Store:
+def _open_to_act(args: argparse.Namespace) -> Store:
     """The store at ``args.db``, open for changes. A path that does not hold a
     store already is refused (``StoreError``): an action never creates a store,
     nor turns another SQLite file into one."""
-    open_view(args.db).close()
+    _open_view(args.db).close()
     return open_store(
         args.db,
         lease_ttl=args.lease_ttl,
@@ -71,18 +71,18 @@ def open_to_act(args: argparse.Namespace) -> Store:
 # -- formatting --------------------------------------------------------------------
 
 
-def fields(pairs: Sequence[tuple[str, str]]) -> str:
+def _fields(pairs: Sequence[tuple[str, str]]) -> str:
     """Named values, a line each, the names in a column."""
     width = max(len(name) for name, _ in pairs)
     return "\n".join(f"{name:<{width}}  {value}".rstrip() for name, value in pairs)
 
 
-def labels(values: Iterable[str]) -> str:
+def _labels(values: Iterable[str]) -> str:
     """Capability labels, sorted and comma-separated."""
     return ",".join(sorted(values))
 
 
-def millis(secs: float | None) -> float | None:
+def _millis(secs: float | None) -> float | None:
     """Seconds rounded to the millisecond, for JSON a person may read too."""
     return None if secs is None else round(secs, 3)
 
@@ -92,31 +92,31 @@ def millis(secs: float | None) -> float | None:
 NODE_HEADER = ("NODE", "NAME", "CAPS", "STATE", "RUN", "LEASE", "SEEN")
 
 
-def node_state(node: NodeView) -> str:
+def _node_state(node: NodeView) -> str:
     """``idle``, ``busy`` (it holds a lease), ``draining``, or ``busy+draining``."""
     if node.run_id is None:
         return "draining" if node.draining else "idle"
     return "busy+draining" if node.draining else "busy"
 
 
-def node_json(node: NodeView, now: float) -> dict[str, Any]:
+def _node_json(node: NodeView, now: float) -> dict[str, Any]:
     """A node for scripts; ``expires_in`` is the seconds its lease has left."""
     return {
         "id": node.node_id,
         "node_id": node.node_id,
         "name": node.name,
         "caps": sorted(node.caps),
-        "state": node_state(node),
+        "state": _node_state(node),
         "busy": node.run_id is not None,
         "draining": node.draining,
         "run_id": node.run_id,
         "not_after": node.not_after,
-        "expires_in": millis(None if node.not_after is None else node.not_after - now),
+        "expires_in": _millis(None if node.not_after is None else node.not_after - now),
         "last_seen": node.last_seen,
     }
 
 
-def lease_left(node: NodeView, now: float) -> str:
+def _lease_left(node: NodeView, now: float) -> str:
     """How long the node's lease has left, or how long ago it expired."""
     if node.not_after is None:
         return EMPTY
@@ -124,7 +124,7 @@ def lease_left(node: NodeView, now: float) -> str:
     return duration(left) if left > 0 else f"expired {duration(-left)} ago"
 
 
-def node_table(nodes: Iterable[NodeView], now: float) -> str:
+def _node_table(nodes: Iterable[NodeView], now: float) -> str:
     """Nodes as a table: one line each."""
     return table(
         NODE_HEADER,
@@ -132,10 +132,10 @@ def node_table(nodes: Iterable[NodeView], now: float) -> str:
             (
                 n.node_id,
                 n.name,
-                labels(n.caps) or EMPTY,
-                node_state(n),
+                _labels(n.caps) or EMPTY,
+                _node_state(n),
                 n.run_id or EMPTY,
-                lease_left(n, now),
+                _lease_left(n, now),
                 f"{duration(now - n.last_seen)} ago",
             )
             for n in nodes
@@ -154,13 +154,13 @@ WHY_HEADER = ("SEQ", "STEP", "NEEDS", "NODE", "WHY")
 OUTPUT_WIDTH = 40
 
 
-def waited(run: RunView, now: float) -> float:
+def _waited(run: RunView, now: float) -> float:
     """Seconds the run spent QUEUED: from its submit until it started, ended, or now."""
     until = next(t for t in (run.started_at, run.ended_at, now) if t is not None)
     return until - run.created_at
 
 
-def ran(run: RunView, now: float) -> float | None:
+def _ran(run: RunView, now: float) -> float | None:
     """Seconds the run has been placed: from its start until it ended, or now;
     None if it never started."""
     if run.started_at is None:
@@ -168,16 +168,16 @@ def ran(run: RunView, now: float) -> float | None:
     return (now if run.ended_at is None else run.ended_at) - run.started_at
 
 
-def run_time(run: RunView, now: float) -> str:
+def _run_time(run: RunView, now: float) -> str:
     """How long the run has waited (QUEUED), run (RUNNING) or took (ended)."""
-    placed = ran(run, now)
+    placed = _ran(run, now)
     if placed is None:
         word = "waiting" if run.state == RunState.QUEUED else "waited"
-        return f"{word} {duration(waited(run, now))}"
+        return f"{word} {duration(_waited(run, now))}"
     return f"{'running' if run.state == RunState.RUNNING else 'took'} {duration(placed)}"
 
 
-def run_json(run: RunView, now: float) -> dict[str, Any]:
+def _run_json(run: RunView, now: float) -> dict[str, Any]:
     """The run's wire view (``RunView.to_dict()``), with each step's kind and
     needs, the run's reason and times, and the seconds it ``waited`` QUEUED
     and ``ran`` (None if it never started)."""
@@ -189,23 +189,23 @@ def run_json(run: RunView, now: float) -> dict[str, Any]:
         created_at=run.created_at,
         started_at=run.started_at,
         ended_at=run.ended_at,
-        waited=millis(waited(run, now)),
-        ran=millis(ran(run, now)),
+        waited=_millis(_waited(run, now)),
+        ran=_millis(_ran(run, now)),
     )
     return out
 
 
-def step_needs(run: RunView) -> str:
+def _step_needs(run: RunView) -> str:
     """What each step needs, in order: ``build(linux) test(gpu,linux) lint``."""
-    return " ".join(f"{s.name}({labels(s.needs)})" if s.needs else s.name for s in run.steps)
+    return " ".join(f"{s.name}({_labels(s.needs)})" if s.needs else s.name for s in run.steps)
 
 
-def step_nodes(run: RunView) -> str:
+def _step_nodes(run: RunView) -> str:
     """The nodes the run's steps are placed on, sorted; ``-`` if none."""
-    return labels({s.node for s in run.steps if s.node}) or EMPTY
+    return _labels({s.node for s in run.steps if s.node}) or EMPTY
 
 
-def run_table(runs: Iterable[RunView], now: float) -> str:
+def _run_table(runs: Iterable[RunView], now: float) -> str:
     """Runs as a table: one line each."""
     return table(
         RUN_HEADER,
@@ -216,7 +216,7 @@ def run_table(runs: Iterable[RunView], now: float) -> str:
                 r.reason or EMPTY,
                 str(len(r.steps)),
                 moment(r.created_at),
-                run_time(r, now),
+                _run_time(r, now),
             )
             for r in runs
         ),
@@ -224,30 +224,30 @@ def run_table(runs: Iterable[RunView], now: float) -> str:
     )
 
 
-def run_summary(run: RunView, record: dict[str, Any], now: float) -> str:
+def _run_summary(run: RunView, record: dict[str, Any], now: float) -> str:
     """One run, a field a line, its Record last."""
     sealed = record["sealed_at"]
-    return fields(
+    return _fields(
         [
             ("run", run.run_id),
             ("state", f"{run.state}: {run.reason}" if run.reason else run.state),
             ("created", moment(run.created_at)),
             ("started", moment(run.started_at)),
             ("ended", moment(run.ended_at)),
-            ("time", run_time(run, now)),
+            ("time", _run_time(run, now)),
             ("warnings", "; ".join(run.warnings) or EMPTY),
             ("record", "open" if sealed is None else f"sealed {moment(sealed)} {record['digest']}"),
         ]
     )
 
 
-def clip(text: str) -> str:
+def _clip(text: str) -> str:
     """``text`` on one line of at most ``OUTPUT_WIDTH`` characters."""
     text = " ".join(text.split())
     return text if len(text) <= OUTPUT_WIDTH else text[: OUTPUT_WIDTH - 1] + "\u2026"
 
 
-def step_table(run: RunView) -> str:
+def _step_table(run: RunView) -> str:
     """The run's steps as a table, each node by id and human name."""
     names = {a.seq: a.node_name for a in run.assigned}
     return table(
@@ -257,10 +257,10 @@ def step_table(run: RunView) -> str:
                 str(s.seq),
                 s.name,
                 s.kind,
-                labels(s.needs) or EMPTY,
+                _labels(s.needs) or EMPTY,
                 s.state,
                 f"{s.node} ({names[s.seq]})" if s.seq in names else s.node or EMPTY,
-                EMPTY if s.output is None else clip(json.dumps(s.output, separators=(",", ":"))),
+                EMPTY if s.output is None else _clip(json.dumps(s.output, separators=(",", ":"))),
             )
             for s in run.steps
         ),
@@ -270,51 +270,51 @@ def step_table(run: RunView) -> str:
 # -- the commands ------------------------------------------------------------------
 
 
-def nodes_command(args: argparse.Namespace) -> Output:
+def _nodes(args: argparse.Namespace) -> Output:
     """Every node: caps, state, the lease it holds, when it was last seen."""
-    with open_view(args.db) as db:
+    with _open_view(args.db) as db:
         nodes = db.list_nodes()
     now = time.time()
-    return Output([node_json(n, now) for n in nodes], node_table(nodes, now))
+    return Output([_node_json(n, now) for n in nodes], _node_table(nodes, now))
 
 
-def runs_command(args: argparse.Namespace) -> Output:
+def _runs(args: argparse.Namespace) -> Output:
     """Runs in FIFO order, all or of one state."""
-    with open_view(args.db) as db:
+    with _open_view(args.db) as db:
         runs = db.list_runs(state=None if args.state is None else RunState(args.state))
     now = time.time()
-    return Output([run_json(r, now) for r in runs], run_table(runs, now))
+    return Output([_run_json(r, now) for r in runs], _run_table(runs, now))
 
 
-def show_command(args: argparse.Namespace) -> Output:
+def _show(args: argparse.Namespace) -> Output:
     """One run, its steps (with their output) and its Record; status 1 if it
     ended FAILED."""
-    with open_view(args.db) as db:
+    with _open_view(args.db) as db:
         run = db.get_run(args.run_id)
         record = db.record(args.run_id)
     now = time.time()
     return Output(
-        {**run_json(run, now), "record": record},
-        f"{run_summary(run, record, now)}\n\n{step_table(run)}",
+        {**_run_json(run, now), "record": record},
+        f"{_run_summary(run, record, now)}\n\n{_step_table(run)}",
         EXIT_FAILED if run.state == RunState.FAILED else 0,
     )
 
 
-def queue_command(args: argparse.Namespace) -> Output:
+def _queue(args: argparse.Namespace) -> Output:
     """The QUEUED runs in the order they will be promoted, what they wait for."""
-    with open_view(args.db) as db:
+    with _open_view(args.db) as db:
         runs = db.list_runs(state=RunState.QUEUED)
     now = time.time()
     rows = (
-        (str(i), r.run_id, duration(waited(r, now)), str(len(r.steps)), step_needs(r))
+        (str(i), r.run_id, duration(_waited(r, now)), str(len(r.steps)), _step_needs(r))
         for i, r in enumerate(runs, 1)
     )
     return Output(
-        [run_json(r, now) for r in runs], table(QUEUE_HEADER, rows, empty="no runs queued")
+        [_run_json(r, now) for r in runs], table(QUEUE_HEADER, rows, empty="no runs queued")
     )
 
 
-def explain_command(args: argparse.Namespace) -> Output:
+def _explain(args: argparse.Namespace) -> Output:
     """Why a run waits: its place in the queue, and why no node takes each step."""
     with open_store(
         args.db,
@@ -324,10 +324,10 @@ def explain_command(args: argparse.Namespace) -> Output:
     ) as db:
         why = db.explain(args.run_id)
     now = time.time()
-    return Output({"id": why["run_id"], **why}, explanation(why, now))
+    return Output({"id": why["run_id"], **why}, _explanation(why, now))
 
 
-def explanation(why: dict[str, Any], now: float) -> str:
+def _explanation(why: dict[str, Any], now: float) -> str:
     """``explain``'s dict for people: where the run stands, then a line per
     node that could take a step, with why it does not now."""
     where = why["state"]
@@ -338,7 +338,7 @@ def explanation(why: dict[str, Any], now: float) -> str:
             where += f" (after {shown})"
     rows = []
     for step in why["steps"]:
-        first = (str(step["seq"]), step["name"], labels(step["needs"]) or EMPTY)
+        first = (str(step["seq"]), step["name"], _labels(step["needs"]) or EMPTY)
         candidates = step["nodes"] or [None]
         for i, node in enumerate(candidates):
             cells = first if i == 0 else ("", "", "")
@@ -349,7 +349,7 @@ def explanation(why: dict[str, Any], now: float) -> str:
         verdict = "it fits now: the next wake promotes it"
     else:
         verdict = "it waits for the nodes below"
-    head = fields(
+    head = _fields(
         [
             ("run", why["run_id"]),
             ("state", where),
@@ -380,54 +380,54 @@ def _why_not(node: dict[str, Any] | None, now: float) -> tuple[str, str]:
     return name, why
 
 
-def cancel_command(args: argparse.Namespace) -> Output:
+def _cancel(args: argparse.Namespace) -> Output:
     """Cancel a QUEUED or RUNNING run (it ends FAILED, reason cancelled);
     print it. Status 1 if it had ended already."""
-    with open_to_act(args) as db:
+    with _open_to_act(args) as db:
         cancelled = db.cancel_run(args.run_id)
         run = db.get_run(args.run_id)
     now = time.time()
-    text = run_table([run], now)
+    text = _run_table([run], now)
     if not cancelled:
         text += f"\nrun {run.run_id} had ended already: nothing cancelled"
     return Output(
-        {**run_json(run, now), "cancelled": cancelled}, text, 0 if cancelled else EXIT_FAILED
+        {**_run_json(run, now), "cancelled": cancelled}, text, 0 if cancelled else EXIT_FAILED
     )
 
 
-def wake_command(args: argparse.Namespace) -> Output:
+def _wake(args: argparse.Namespace) -> Output:
     """Promote every QUEUED run that fits now, in FIFO order; print them.
 
     Opening a store for writing wakes the queue already, and the ids that wake
     promotes are not returned; so the runs QUEUED beforehand are read first,
     and those that have started since count as promoted too."""
-    with open_view(args.db) as db:
+    with _open_view(args.db) as db:
         queued = [r.run_id for r in db.list_runs(state=RunState.QUEUED)]
-    with open_to_act(args) as db:
+    with _open_to_act(args) as db:
         woken = db.wake_queued(why="asked from the command line")
         runs = [db.get_run(run_id) for run_id in dict.fromkeys([*queued, *woken])]
     promoted = [r for r in runs if r.started_at is not None]
     return Output(
-        [{"id": r.run_id, "run_id": r.run_id, "nodes": step_nodes(r)} for r in promoted],
+        [{"id": r.run_id, "run_id": r.run_id, "nodes": _step_nodes(r)} for r in promoted],
         table(
             ("PROMOTED", "NODES"),
-            ((r.run_id, step_nodes(r)) for r in promoted),
+            ((r.run_id, _step_nodes(r)) for r in promoted),
             empty="no run promoted",
         ),
     )
 
 
-def reap_command(args: argparse.Namespace) -> Output:
+def _reap(args: argparse.Namespace) -> Output:
     """Fail the runs holding an expired lease, and promote the QUEUED runs
     their nodes let start; print both."""
-    with open_view(args.db) as db:
+    with _open_view(args.db) as db:
         queued = [r.run_id for r in db.list_runs(state=RunState.QUEUED)]
-    with open_to_act(args) as db:
+    with _open_to_act(args) as db:
         failed = [db.get_run(run_id) for run_id in db.reap()]
         woken = [db.get_run(run_id) for run_id in queued]
     started = [r for r in woken if r.started_at is not None]
     rows = [(r.run_id, "reaped", r.reason or EMPTY) for r in failed]
-    rows += [(r.run_id, "promoted", f"on {step_nodes(r)}") for r in started]
+    rows += [(r.run_id, "promoted", f"on {_step_nodes(r)}") for r in started]
     return Output(
         [
             *(
@@ -435,7 +435,7 @@ def reap_command(args: argparse.Namespace) -> Output:
                 for r in failed
             ),
             *(
-                {"id": r.run_id, "run_id": r.run_id, "promoted": True, "nodes": step_nodes(r)}
+                {"id": r.run_id, "run_id": r.run_id, "promoted": True, "nodes": _step_nodes(r)}
                 for r in started
             ),
         ],
@@ -443,23 +443,23 @@ def reap_command(args: argparse.Namespace) -> Output:
     )
 
 
-def drain_command(args: argparse.Namespace) -> Output:
+def _drain(args: argparse.Namespace) -> Output:
     """Let a node finish the run it holds and take no new one."""
-    return set_draining(args, Store.drain)
+    return _set_draining(args, Store.drain)
 
 
-def undrain_command(args: argparse.Namespace) -> Output:
+def _undrain(args: argparse.Namespace) -> Output:
     """Let a node take runs again (which wakes the queue)."""
-    return set_draining(args, Store.undrain)
+    return _set_draining(args, Store.undrain)
 
 
-def set_draining(args: argparse.Namespace, change: Callable[[Store, str], None]) -> Output:
+def _set_draining(args: argparse.Namespace, change: Callable[[Store, str], None]) -> Output:
     """Apply ``change`` (drain or undrain) to ``args.node_id``; print the node."""
-    with open_to_act(args) as db:
+    with _open_to_act(args) as db:
         change(db, args.node_id)
         node = next(n for n in db.list_nodes() if n.node_id == args.node_id)
     now = time.time()
-    return Output(node_json(node, now), node_table([node], now))
+    return Output(_node_json(node, now), _node_table([node], now))
 
 
 # -- parsing -------------------------------------------------------------------------
@@ -511,23 +511,21 @@ def build_parser(prog: str = "python -m store") -> argparse.ArgumentParser:
         also_db(sub)
         return sub
 
-    add("nodes", nodes_command, view)
-    add("runs", runs_command, view).add_argument(
+    add("nodes", _nodes, view)
+    add("runs", _runs, view).add_argument(
         "--state",
         type=str.upper,
         choices=tuple(RunState),
         help=f"only the runs in this state: {', '.join(RunState)} (any case)",
     )
-    add("show", show_command, view).add_argument("run_id", metavar="RUN", help="the run id")
-    add("queue", queue_command, view)
-    add("explain", explain_command, settings).add_argument(
-        "run_id", metavar="RUN", help="the run id"
-    )
-    add("cancel", cancel_command, act).add_argument("run_id", metavar="RUN", help="the run id")
-    add("wake", wake_command, act)
-    add("reap", reap_command, act)
-    add("drain", drain_command, act).add_argument("node_id", metavar="NODE", help="the node id")
-    add("undrain", undrain_command, act).add_argument("node_id", metavar="NODE", help="the node id")
+    add("show", _show, view).add_argument("run_id", metavar="RUN", help="the run id")
+    add("queue", _queue, view)
+    add("explain", _explain, settings).add_argument("run_id", metavar="RUN", help="the run id")
+    add("cancel", _cancel, act).add_argument("run_id", metavar="RUN", help="the run id")
+    add("wake", _wake, act)
+    add("reap", _reap, act)
+    add("drain", _drain, act).add_argument("node_id", metavar="NODE", help="the node id")
+    add("undrain", _undrain, act).add_argument("node_id", metavar="NODE", help="the node id")
     return parser
 
 

@@ -458,7 +458,7 @@ def test_an_interrupt_exits_130_with_one_line(
     def interrupted(path: str) -> Store:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(store.cli, "open_view", interrupted)
+    monkeypatch.setattr(store.cli, "_open_view", interrupted)
     assert store.cli.main(["--db", str(cluster), "nodes"]) == 130
     assert capsys.readouterr() == ("", "store: interrupted\n")
 
