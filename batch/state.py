@@ -48,7 +48,7 @@ class State(Generic[C]):
     calls that report them (so that hooks see changes in order).
 
     The hooks are the only code that runs with the lock held but the
-    runner's own. No store call is made under it: ``commit.unlocked``
+    runner's own. No store call is made under it: ``locks.unlocked``
     releases it for those of the group commit, the keeper and ``wait``;
     ``submit``, ``status``, ``touch`` and ``cancel`` make theirs before or
     after they take it. Neither the fetch nor ``Config.resume`` runs under

@@ -69,6 +69,7 @@ from .. import web
 from ..errors import InvalidJob, JobNotFound
 from ..model import Config, Target
 from ..states import LIVE_JOB, JobStatus, TargetState
+from ..waits import WAIT_POLL
 from . import demo
 from .progress import SHORT_ID, JobCaller, LiveRun, summary
 
@@ -76,8 +77,6 @@ __all__ = ["console_main", "main"]
 
 #: A job that ended in one of these did not do all it was asked: exit status 1.
 SHORT_OF_DONE = (JobStatus.FAILED, JobStatus.PARTIAL, JobStatus.CANCELLED)
-#: Seconds between looks at the store by ``wait``.
-WAIT_POLL = 0.1
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m batch") -> int:
