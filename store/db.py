@@ -150,6 +150,9 @@ class Database(abc.ABC):
     readonly: bool
     #: Told of every statement the store runs, if set (``Store.tracer``).
     tracer: Tracer | None = None
+    #: The store's clock when one was given to ``store.open`` (seconds since
+    #: the epoch); None: the engine's own (the host's, or the server's).
+    time: Callable[[], float] | None = None
 
     def traced(self, tx: Tx) -> Tx:
         """``tx``, telling :attr:`tracer` of each statement if one is set:

@@ -778,8 +778,9 @@ class PostgresDatabase(Database):
             return self._keys[conn]
 
     def clock(self) -> str:
-        """The store's clock, as SQL: the server's."""
-        return SERVER_TIME
+        """The store's clock, as SQL: the server's (or the time the clock
+        given to ``store.open`` reads now)."""
+        return SERVER_TIME if self.time is None else repr(float(self.time()))
 
     def timed(self, sql: str) -> str:
         """``sql`` reading the store's clock where it says ``{time}``."""

@@ -180,8 +180,9 @@ class SQLiteDatabase(Database):
         return _nothing
 
     def clock(self) -> float:
-        """The store's clock: this host's, the only one that writes the file."""
-        return time.time()
+        """The store's clock: this host's, the only one that writes the file
+        (or the one given to ``store.open``)."""
+        return time.time() if self.time is None else self.time()
 
     @contextlib.contextmanager
     def transaction(self, *, write: bool = True) -> Iterator[_Conn]:

@@ -508,6 +508,7 @@ def open(
     reserve_after: float | None = RESERVE_AFTER,
     synchronous: Synchronous = "NORMAL",
     readonly: bool = False,
+    clock: Callable[[], float] | None = None,
 ) -> Store:
     """Open (creating or migrating) the store at ``path``, then wake the
     queue (capacity may have freed while no one had it open).
@@ -534,6 +535,10 @@ def open(
     ``"FULL"`` also survives power loss, at the cost of an fsync per commit.
     (PostgreSQL commits survive both; the server's ``synchronous_commit``
     decides.) Raises ``StoreError`` if the store cannot be used, naming it.
+    ``clock``: what the store reads for the time of each transaction
+    (seconds since the epoch), in place of the host's clock (SQLite) or the
+    server's (PostgreSQL): for tests that step time. Every process on one
+    store must read the same clock; leave it None in production.
     """
     if not isinstance(lease_ttl, int | float) or isinstance(lease_ttl, bool):
         raise TypeError(f"lease_ttl is a number of seconds, not {type(lease_ttl).__name__}")
@@ -553,8 +558,12 @@ def open(
                 f"reserve_after must be a finite number of seconds >= 0, or None,"
                 f" not {reserve_after}"
             )
+    if clock is not None and not callable(clock):
+        raise TypeError(f"clock is a function that returns the time, not {type(clock).__name__}")
+    engine = _connect(path, synchronous=synchronous, readonly=readonly)
+    engine.time = clock
     db = Store(
-        _connect(path, synchronous=synchronous, readonly=readonly),
+        engine,
         lease_ttl=lease_ttl,
         max_leases_per_run=max_leases_per_run,
         reserve_after=reserve_after,

@@ -23,14 +23,15 @@ import pytest
 import batch
 import store
 from tests import pgserver
-from tests.helpers import TEMPLATE, Clock, MakeRunner, as_async, fresh, store_clock
+from tests.helpers import TEMPLATE, Clock, MakeRunner, as_async, fresh
 
 
 @pytest.fixture
-def clock() -> Iterator[Clock]:
-    """A clock the test moves by hand, read by the store for every timestamp."""
-    with store_clock(Clock()) as c:
-        yield c
+def clock() -> Clock:
+    """A clock the test moves by hand: the ``db`` fixture's store reads it
+    for every timestamp; a store the test opens itself reads it when given
+    ``clock=clock.time``."""
+    return Clock()
 
 
 ENGINES = ("sqlite", "postgres")
@@ -74,9 +75,12 @@ def location(
 
 
 @pytest.fixture
-def db(location: str) -> Iterator[store.Store]:
-    """A new store, on each engine."""
-    with store.open(location) as s:
+def db(location: str, request: pytest.FixtureRequest) -> Iterator[store.Store]:
+    """A new store, on each engine; on the test's ``clock`` if it takes one."""
+    moved: Clock | None = (
+        request.getfixturevalue("clock") if "clock" in request.fixturenames else None
+    )
+    with store.open(location, clock=None if moved is None else moved.time) as s:
         yield s
 
 

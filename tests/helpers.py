@@ -17,15 +17,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
-from unittest import mock
 
 import psycopg
 import pytest
 
 import batch
 import store
-from store.postgres import PostgresDatabase
-from store.sqlite import SQLiteDatabase
 from tests import pgserver
 
 #: This checkout: what child processes import.
@@ -301,7 +298,7 @@ class ChildProcess:
 
 
 class Clock:
-    """The store's clock, moved by the test (see :func:`store_clock`)."""
+    """The store's clock, moved by the test: ``store.open(where, clock=clock.time)``."""
 
     def __init__(self, start: float = 1_700_000_000.0) -> None:
         self.now = start
@@ -311,18 +308,6 @@ class Clock:
 
     def tick(self, seconds: float = 1.0) -> None:
         self.now += seconds
-
-
-@contextlib.contextmanager
-def store_clock(clock: Clock) -> Iterator[Clock]:
-    """While the block runs, every store reads ``clock`` for the time of
-    each transaction, on either engine (in place of the host's or the
-    server's clock)."""
-    with (
-        mock.patch.object(SQLiteDatabase, "clock", lambda self: clock.time()),
-        mock.patch.object(PostgresDatabase, "clock", lambda self: repr(float(clock.time()))),
-    ):
-        yield clock
 
 
 def as_async(fetch: Callable[..., Any]) -> Callable[..., Any]:

@@ -45,7 +45,7 @@ from hypothesis.stateful import (
 
 import store
 from store import Conflict, Lease, TargetOutcome, ended_status
-from tests.helpers import Clock, Raw, store_clock
+from tests.helpers import Clock, Raw
 from tests.leases_model import LAPSE, MJob, Model, MRunner
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -106,8 +106,8 @@ class LeaseMachine(RuleBasedStateMachine):
         self.clock = Clock()
         self.patch = contextlib.ExitStack()
         try:
-            self.patch.enter_context(store_clock(self.clock))
-            self.db = self.patch.enter_context(store.open(self.patch.enter_context(self.fresh())))
+            where = self.patch.enter_context(self.fresh())
+            self.db = self.patch.enter_context(store.open(where, clock=self.clock.time))
             self.raw = Raw(self.db.path)
             self.patch.callback(self.raw.close)
         except BaseException:

@@ -43,7 +43,7 @@ from hypothesis.stateful import (
 
 import batch
 import store
-from tests.helpers import TIMEOUT, Clock, Recorder, StepClock, store_clock, within
+from tests.helpers import TIMEOUT, Clock, Recorder, StepClock, within
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -155,7 +155,6 @@ class OwnershipMachine(RuleBasedStateMachine):
         self.path = Path(self.tmp.name) / "jobs.sqlite3"
         self.clock = Clock()
         self.patch = contextlib.ExitStack()
-        self.patch.enter_context(store_clock(self.clock))
         self.runners: list[MRunner] = []
         self.ids: dict[int, str] = {}  # runner index -> runner id, once known
         self.known = threading.Condition()
@@ -167,7 +166,8 @@ class OwnershipMachine(RuleBasedStateMachine):
         self.cids = itertools.count(1)
         self.owners: dict[str, str | None] = {}  # job id -> lease owner, last look
         self.expected: dict[int, tuple[str, bool]] = {}  # call id -> (act, kept)
-        self.first = store.open(self.path)  # creates the schema before any reader
+        # Creates the schema before any reader.
+        self.first = store.open(self.path, clock=self.clock.time)
 
     # -- the store, read as any other process would --------------------------
 
@@ -245,7 +245,7 @@ class OwnershipMachine(RuleBasedStateMachine):
         idx = len(self.runners)
         clock = KeeperClock()
         hooks = Recorder()
-        db = store.open(self.path)
+        db = store.open(self.path, clock=self.clock.time)
         config = batch.Config(
             workers=WORKERS,
             retry_wait=0,
@@ -608,7 +608,7 @@ def test_outcome_in_flight_of_a_job_cancelled_elsewhere_survives_a_beat(
     path = tmp_path / "jobs.sqlite3"
     config = batch.Config(workers=1, takeover_after=LAPSE)
     ka = KeeperClock()
-    with store.open(path) as da, store.open(path) as db:
+    with store.open(path, clock=clock.time) as da, store.open(path, clock=clock.time) as db:
         a = batch.Runner(da, fetch, config, clock=ka)
         b = batch.Runner(db, fetch, config, clock=KeeperClock())
         try:
@@ -652,7 +652,7 @@ def test_a_busy_answer_after_the_lease_was_taken_starts_nothing(
     path = tmp_path / "jobs.sqlite3"
     config = batch.Config(workers=1, retry_wait=0, resume=batch.Caller, takeover_after=LAPSE)
     ka, kb = KeeperClock(), KeeperClock()
-    with store.open(path) as da, store.open(path) as db:
+    with store.open(path, clock=clock.time) as da, store.open(path, clock=clock.time) as db:
         a = batch.Runner(da, fetch_of("a"), config, clock=ka)
         b = batch.Runner(db, fetch_of("b"), config, clock=kb)
         try:

@@ -26,8 +26,8 @@ TAKES = {"n1": 11.0, "n2": 13.0, "n3": 17.0, "n4": 19.0}
 TICK = 1.0
 
 
-def opened(location: str, reserve_after: float | None) -> store.Store:
-    db = store.open(location, lease_ttl=LEASE, reserve_after=reserve_after)
+def opened(location: str, reserve_after: float | None, clock: Clock) -> store.Store:
+    db = store.open(location, lease_ttl=LEASE, reserve_after=reserve_after, clock=clock.time)
     for node_id, label in NODES.items():
         db.advertise(store.Advert(node_id, f"box-{node_id}", frozenset({"linux", label})))
     return db
@@ -86,7 +86,7 @@ class Stream:
 
 @pytest.fixture
 def stream(location: str, clock: Clock, request: pytest.FixtureRequest) -> Iterator[Stream]:
-    with opened(location, request.param) as db:
+    with opened(location, request.param, clock) as db:
         s = Stream(db, clock)
         for _ in NODES:
             db.submit_run(small())
@@ -135,7 +135,7 @@ def test_a_starving_run_keeps_the_nodes_it_could_use_and_no_other(
 ) -> None:
     """A run that fits is placed on a free node a starving run could not use,
     but not on one it could; explain says which run reserves it."""
-    with opened(location, 60.0) as db:
+    with opened(location, 60.0, clock) as db:
         db.advertise(store.Advert("gpu1", "box-gpu1", frozenset({"gpu"})))
         holders = [db.submit_run(small()).run_id for _ in NODES]
         clock.tick(1)
@@ -173,7 +173,7 @@ def test_a_starving_run_keeps_the_nodes_it_could_use_and_no_other(
 def test_the_oldest_starving_run_goes_first(location: str, clock: Clock) -> None:
     """Two starving runs that want the same node: the later one does not
     take it while the first waits for the rest of its nodes."""
-    with opened(location, 10.0) as db:
+    with opened(location, 10.0, clock) as db:
         holders = [db.submit_run(small()).run_id for _ in NODES]
         clock.tick(1)
         db.submit_run(big(), run_id="big")
@@ -195,7 +195,7 @@ def test_the_oldest_starving_run_goes_first(location: str, clock: Clock) -> None
 def test_reserve_after_zero_is_strict_fifo(location: str, clock: Clock) -> None:
     """Every QUEUED run reserves at once, even in the instant it was
     submitted (the clock does not move here)."""
-    with opened(location, 0.0) as db:
+    with opened(location, 0.0, clock) as db:
         holders = [db.submit_run(small()).run_id for _ in NODES]
         db.submit_run(big(), run_id="big")
         assert db.cancel_run(holders[0])
@@ -205,7 +205,10 @@ def test_reserve_after_zero_is_strict_fifo(location: str, clock: Clock) -> None:
 
 def test_reserve_after_is_a_setting_of_each_open_store(location: str, clock: Clock) -> None:
     """Like ``lease_ttl``: a handle without it places as the note's scan does."""
-    with opened(location, 5.0) as reserving, store.open(location, reserve_after=None) as plain:
+    with (
+        opened(location, 5.0, clock) as reserving,
+        store.open(location, reserve_after=None, clock=clock.time) as plain,
+    ):
         holders = [reserving.submit_run(small()).run_id for _ in NODES]
         clock.tick(1)
         reserving.submit_run(big(), run_id="big")
@@ -245,7 +248,7 @@ def test_a_long_backlog_of_waiting_runs_is_read_once_not_at_every_submit(
     fit nothing, and one that fits a look for runs that have waited long
     enough since the last submit: the backlog is read again only once a run
     left the queue."""
-    with opened(location, 0.0) as db:
+    with opened(location, 0.0, clock) as db:
         for i in range(4):
             db.advertise(store.Advert(f"x{i}", f"box-x{i}", frozenset({"linux"})))
         db.advertise(store.Advert("gpu1", "box-gpu1", frozenset({"gpu"})))
@@ -277,7 +280,7 @@ def test_a_long_backlog_of_waiting_runs_is_read_once_not_at_every_submit(
 def test_a_run_that_could_never_start_reserves_nothing(location: str, clock: Clock) -> None:
     """A run no placement exists for any more (a node it needs was advertised
     again without the label) would otherwise hold its nodes for ever."""
-    with opened(location, 60.0) as db:
+    with opened(location, 60.0, clock) as db:
         holders = [db.submit_run(small()).run_id for _ in NODES]
         clock.tick(1)
         assert db.submit_run(big(), run_id="big").state == "QUEUED"
@@ -296,7 +299,7 @@ def test_a_run_that_could_never_start_reserves_nothing(location: str, clock: Clo
 def test_a_reserving_run_cancelled_holds_nothing_back(location: str, clock: Clock) -> None:
     """What a store keeps of the reservations is read again once a run left
     the queue: the nodes a cancelled run reserved are free to take at once."""
-    with opened(location, 0.0) as db:
+    with opened(location, 0.0, clock) as db:
         db.advertise(store.Advert("gpu1", "box-gpu1", frozenset({"gpu"})))
         gpu = [store.Step("train", "exec", frozenset({"gpu"}))]
         holders = [db.submit_run(small()).run_id for _ in NODES]

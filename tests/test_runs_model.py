@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 
 import store
 from store.match import place
-from tests.helpers import Clock, Raw, store_clock
+from tests.helpers import Clock, Raw
 from tests.runs_model import (
     FAR,
     LABELS,
@@ -84,9 +84,13 @@ class RunQueueMachine(RuleBasedStateMachine):
         settings = {"max_leases_per_run": MAX_NODES, "reserve_after": self.reserve_after}
         try:
             where = self.stack.enter_context(self.fresh())
-            self.db = self.stack.enter_context(store.open(where, lease_ttl=TTL, **settings))
+            self.db = self.stack.enter_context(
+                store.open(where, lease_ttl=TTL, clock=self.clock.time, **settings)
+            )
             # lease_ttl=0: a handle whose events wake the queue but can promote nothing.
-            self.quiet = self.stack.enter_context(store.open(where, lease_ttl=0, **settings))
+            self.quiet = self.stack.enter_context(
+                store.open(where, lease_ttl=0, clock=self.clock.time, **settings)
+            )
             self.raw = Raw(where)
             self.stack.callback(self.raw.close)
         except BaseException:
@@ -424,11 +428,10 @@ def test_the_run_queue_against_the_model(
     if reserve_after == 0:
         examples //= 3  # strict FIFO: a narrower case of RESERVE's rules
     with (
-        store_clock(Clock()) as clock,
         mock.patch.multiple(
             RunQueueMachine,
             fresh=fresh_location,
-            clock=clock,
+            clock=Clock(),
             reserve_after=reserve_after,
             create=True,
         ),

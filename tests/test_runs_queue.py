@@ -32,7 +32,7 @@ def test_queued_runs_are_promoted_in_submit_order_even_with_a_frozen_clock(
 ) -> None:
     """Waiting runs get capacity in the order they were submitted, whatever
     their ids and even when the clock does not move."""
-    with store.open(tmp_path / "x.sqlite3") as db:
+    with store.open(tmp_path / "x.sqlite3", clock=clock.time) as db:
         advertise(db, "n1", "linux")
         assert db.submit_run([step("s", "linux")], run_id="r0").state == "RUNNING"
         queued = ["r9", "r8", "r7", "r6"]

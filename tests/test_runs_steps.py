@@ -161,7 +161,7 @@ def test_steps_are_claimed_in_seq_order_and_only_by_their_node(db: store.Store) 
 
 def test_claiming_renews_the_nodes_lease(tmp_path: Path, clock: Clock) -> None:
     """Taking a step pushes the node's lease end out to now + lease_ttl."""
-    with store.open(tmp_path / "x.sqlite3", lease_ttl=30) as db:
+    with store.open(tmp_path / "x.sqlite3", lease_ttl=30, clock=clock.time) as db:
         advertise(db, "n1", "linux")
         db.submit_run([step("s1", "linux"), step("s2", "linux")], run_id="r")
         issued = leases(db)["n1"][1]
@@ -338,7 +338,7 @@ def test_a_steps_output_is_kept_and_shown_with_the_run(db: store.Store) -> None:
 
 def test_heartbeat_extends_the_lease(tmp_path: Path, clock: Clock) -> None:
     """A node's heartbeat pushes its lease end out and says when it now ends."""
-    with store.open(tmp_path / "x.sqlite3", lease_ttl=30) as db:
+    with store.open(tmp_path / "x.sqlite3", lease_ttl=30, clock=clock.time) as db:
         advertise(db, "n1", "linux")
         advertise(db, "n2", "linux")
         db.submit_run([step("s", "linux")], run_id="r")

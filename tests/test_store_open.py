@@ -383,3 +383,18 @@ def test_a_tracer_is_told_each_statement_a_call_runs(db: store.Store) -> None:
     assert seen == []
     with pytest.raises(TypeError, match="callable"):
         db.tracer = "print"  # type: ignore[assignment]
+
+
+def test_a_given_clock_is_the_store_s_time(location: str) -> None:
+    """``store.open(clock=...)`` is what every timestamp reads, on either
+    engine, in place of the host's or the server's clock; a clock that is
+    not callable is refused before anything is opened."""
+    now = [1_000_000.0]
+    with store.open(location, clock=lambda: now[0]) as db:
+        db.create_job("j", "alice", ["a"])
+        assert db.get_job("j", "alice").created_at == 1_000_000.0  # type: ignore[union-attr]
+        now[0] += 60
+        db.touch_job("j", "alice")
+        assert db.get_job("j", "alice").touched_at == 1_000_060.0  # type: ignore[union-attr]
+    with pytest.raises(TypeError, match="clock"):
+        store.open(location, clock=1_000_000.0)  # type: ignore[arg-type]
