@@ -298,9 +298,16 @@ def _stored(job: LiveJob[C], outcome: Outcome) -> store.TargetOutcome:
 
 def _advance(s: State[C], job: LiveJob[C], outcome: Outcome, end: JobStatus | None) -> None:
     """Move ``job`` past the target whose ``outcome`` was just stored, and
-    out of the rotation if that ended it (``end``) or it was halted."""
+    out of the rotation if that ended it (``end``) or it was halted; then
+    tell the hooks (target, then job, then depth) and the waiters.
+
+    The walk goes forward: the job's transitions first (``rotation``), what
+    is reported of them after (``state``). No hook sees the rotation in
+    between: hooks run under the lock, and cannot call the runner."""
+    nbytes = outcome.nbytes
     job.advance(outcome.status is TargetState.DONE)
-    s.stored(outcome.err, outcome.seconds, outcome.nbytes)
+    left = s.rotation.settle(job)
+    s.stored(outcome.err, outcome.seconds, nbytes)
     if end is not None:
         s.ended(job.id, job.owner, end, s.clock.monotonic() - job.created)
-    s.settle(job)
+    s.settled(job, left)

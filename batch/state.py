@@ -204,7 +204,13 @@ class State(Generic[C]):
     def settle(self, job: LiveJob[C]) -> None:
         """``job`` has no target in flight any more: it leaves the rotation
         (halted or finished) or waits for its next turn."""
-        if self.rotation.settle(job):
+        self.settled(job, self.rotation.settle(job))
+
+    def settled(self, job: LiveJob[C], left: bool) -> None:
+        """``job`` was settled in the rotation (``left``: it left it): the
+        depth hook, its waiters and the keeper are told, or a worker woken
+        for it."""
+        if left:
             call_hook(self.hooks.depth, len(self.rotation))
             self.changed(job.id)
             if self.config.max_live is not None and not self.closed:
