@@ -86,8 +86,9 @@ def examples() -> list[tuple[Path, int, str]]:
 EXAMPLES = examples()
 
 
-def load_api_script() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("docs_api", DOCS / "api.py")
+def load_script(name: str) -> types.ModuleType:
+    """The script ``docs/<name>.py``, loaded as a module."""
+    spec = importlib.util.spec_from_file_location(f"docs_{name}", DOCS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -95,9 +96,19 @@ def load_api_script() -> types.ModuleType:
 
 
 def test_api_reference_is_current() -> None:
-    api = load_api_script()
+    api = load_script("api")
     written = (DOCS / "api.md").read_text(encoding="utf-8")
     assert written == api.render(), "docs/api.md is out of date: run python docs/api.py"
+
+
+@pytest.mark.timeout(60)
+def test_the_walk_of_one_outcome_is_the_one_architecture_md_shows() -> None:
+    """The modules one outcome goes through, as ``docs/walk.py`` traces them
+    on a real runner, are the ones the page says."""
+    walk = load_script("walk")
+    page = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    shown = page.split("<!-- walk -->\n", 1)[1].split("\n<!-- /walk -->", 1)[0]
+    assert shown == walk.render(walk.calls()), "architecture.md's walk is out of date"
 
 
 def test_every_howto_has_runnable_examples() -> None:
