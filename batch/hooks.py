@@ -7,6 +7,8 @@ import logging
 from collections.abc import Callable
 from typing import TypeVarTuple
 
+from .states import JobStatus
+
 __all__ = ["Hooks", "call_hook"]
 
 log = logging.getLogger("batch")
@@ -33,7 +35,7 @@ class Hooks:
         """A target was stored: ``err`` is None if it is done; ``seconds`` the
         fetch took; ``nbytes`` of result JSON."""
 
-    def job(self, status: str) -> None:
+    def job(self, status: JobStatus) -> None:
         """A job became terminal with ``status`` (``cancelled`` included). Once per job."""
 
     def job_seconds(self, seconds: float) -> None:
@@ -46,7 +48,7 @@ class Hooks:
         busy answer past ``retry_for`` is a stored failure instead
         (:meth:`target`)."""
 
-    def ended(self, job_id: str, owner: str, status: str) -> None:
+    def ended(self, job_id: str, owner: str, status: JobStatus) -> None:
         """Job ``job_id`` of caller ``owner`` became terminal with ``status``:
         once per job, beside :meth:`job`, for hooks that want to know which."""
 

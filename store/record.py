@@ -87,7 +87,7 @@ def fill_record(conn: Tx, run_id: str, assigned: Iterable[Assigned]) -> None:
     )
 
 
-def seal_record(conn: Tx, run_id: str, state: str, reason: str | None, now: float) -> None:
+def seal_record(conn: Tx, run_id: str, state: RunState, reason: str | None, now: float) -> None:
     """Seal the Record of a run that just ended: its final state and reason,
     each step's final state, and a digest of it all. It never changes again."""
     body = _steps(conn, run_id)

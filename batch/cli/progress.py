@@ -100,7 +100,7 @@ class _Changes(Hooks):
     def target(self, err: BaseException | None, seconds: float, nbytes: int) -> None:
         self.event.set()
 
-    def job(self, status: str) -> None:
+    def job(self, status: JobStatus) -> None:
         self.event.set()
 
 
