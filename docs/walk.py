@@ -10,6 +10,7 @@ leaving out the helpers any room calls (``hooks``, ``clock``, ``locks``,
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
@@ -53,15 +54,16 @@ def calls() -> list[tuple[str, str]]:
     return walk
 
 
-def _reads(module: str) -> set[str]:
+@functools.cache
+def _reads(module: str) -> frozenset[str]:
     """The names of the properties of the classes of ``batch.<module>``."""
     classes = inspect.getmembers(importlib.import_module(f"batch.{module}"), inspect.isclass)
-    return {
+    return frozenset(
         name
         for _, cls in classes
         for name, value in vars(cls).items()
         if isinstance(value, property)
-    }
+    )
 
 
 def rooms(walk: list[tuple[str, str]]) -> list[str]:
