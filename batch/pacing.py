@@ -1,0 +1,300 @@
+"""Pacing per upstream (SPEC §2d): how fast, how many at once, and when the
+targets of one upstream may start, whatever their job.
+
+:class:`Limit` is what a user configures for an upstream; :class:`Pace` is
+what a runner keeps of one upstream while it fetches from it: the tokens of
+its rate, its targets in flight, how long a busy answer holds it, its
+breaker, and (``adaptive``) the limits its answers have taught. A ``Pace``
+is plain state: the runner's lock guards it, and every method takes the
+time (the runner's monotonic clock) and a source of jitter, so a test steps
+both.
+
+The invariants, whenever no method runs:
+
+1. ``inflight`` is the targets of the upstream started and not finished.
+2. ``tokens <= burst``; a start takes one; none starts without one.
+3. No target starts before ``held_until``: a busy answer's ``after``, or
+   its backoff, holds every target of the upstream, not only its own.
+4. An open breaker starts nothing until ``cool_down`` after it opened;
+   then one trial, and nothing beside it until that trial's answer.
+5. ``concurrency`` and ``rate`` (the ones in force) never exceed the
+   configured ones; adaptive ones never go below one target at a time and
+   ``MIN_RATE`` starts a second.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["Answer", "BreakerState", "Limit", "Pace"]
+
+#: How much longer each busy answer without ``after`` holds its upstream
+#: than the last, while they come one after another.
+BACKOFF_FACTOR = 2.0
+#: The longest a busy answer without ``after`` holds its upstream (seconds).
+BACKOFF_MAX = 60.0
+#: A backoff is forgotten (the next busy answer holds for ``retry_wait``
+#: again) once no busy answer came for this many times the last backoff.
+QUIET_SPELL = 4.0
+#: The least rate an adaptive upstream is cut to (starts a second).
+MIN_RATE = 0.1
+#: At a busy answer, an adaptive rate is cut to this share of the rate that
+#: drew it; an adaptive concurrency to this share of what was in flight.
+CUT = 0.8
+#: An adaptive rate below the one that last drew a busy answer regains this
+#: share of the gap each second without a busy answer; within ``PROBE`` of
+#: it or past it, it probes this share of itself higher each second.
+REGAIN = 0.25
+PROBE = 0.02
+#: Seconds of starts an adaptive upstream counts to know the rate it runs at.
+WINDOW = 1.0
+#: A fetch slower than this many times the fastest of its upstream lately
+#: counts as the latency rising: an adaptive concurrency stops growing.
+SLOW = 2.0
+
+
+class BreakerState(StrEnum):
+    """An upstream's breaker: ``closed`` (targets start), ``open`` (none
+    starts until its cool-down ends), ``trial`` (one has started, the
+    rest wait for its answer)."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    TRIAL = "trial"
+
+
+class Answer(StrEnum):
+    """What a target's fetch came to, as its upstream's pace learns it."""
+
+    DONE = "done"
+    FAILED = "failed"  # for good: counts toward the breaker
+    BUSY = "busy"  # to be tried again: holds the upstream
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The limits of one upstream, across every runner on the store.
+
+    - ``concurrency``: at most this many targets in flight at once.
+    - ``rate``: at most this many fetch starts a second, ``burst`` of them
+      at once after a quiet spell (a token bucket).
+    - ``adaptive``: the concurrency and rate in force follow the answers:
+      raised while they come back fast and not busy, cut at a busy answer
+      or a rising latency, never above the configured ones.
+    - ``break_after``: this many targets failed for good in a row open the
+      upstream's breaker: its targets wait ``cool_down`` seconds, then one
+      is tried; a success closes it, a failure opens it again.
+    """
+
+    concurrency: int | None = None
+    rate: float | None = None
+    burst: int = 1
+    adaptive: bool = False
+    break_after: int | None = None
+    cool_down: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency is not None:
+            _check_int("concurrency", self.concurrency)
+        if self.rate is not None:
+            _check_positive("rate", self.rate)
+        _check_int("burst", self.burst)
+        if not isinstance(self.adaptive, bool):
+            raise TypeError(f"Limit.adaptive must be a bool, not {type(self.adaptive).__name__}")
+        if self.break_after is not None:
+            _check_int("break_after", self.break_after)
+        _check_positive("cool_down", self.cool_down)
+
+
+def _check_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"Limit.{name} must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"Limit.{name} must be at least 1, not {value}")
+
+
+def _check_positive(name: str, value: object) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"Limit.{name} must be a number, not {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"Limit.{name} must be a finite number more than 0, not {value}")
+
+
+class Pace:
+    """What a runner keeps of one upstream: see the module's invariants.
+
+    ``wait(now)`` says whether a target may start; ``start(now)`` and
+    ``finish(...)`` report one that did and its answer.
+    """
+
+    __slots__ = (
+        "backoff",
+        "breaker",
+        "busy",
+        "ceiling",
+        "concurrency",
+        "done",
+        "failed",
+        "failures",
+        "fastest",
+        "filled_at",
+        "grown_at",
+        "held_until",
+        "inflight",
+        "last_busy",
+        "limit",
+        "name",
+        "opened_at",
+        "rate",
+        "retry_wait",
+        "started",
+        "tokens",
+    )
+
+    def __init__(self, name: str, limit: Limit, retry_wait: float, now: float) -> None:
+        self.name = name
+        self.limit = limit
+        self.retry_wait = retry_wait  # the first backoff of a busy answer without ``after``
+        self.inflight = 0
+        # In force: the configured ones, or (adaptive) what the answers taught.
+        self.concurrency: float | None = limit.concurrency
+        self.rate: float | None = limit.rate
+        if limit.adaptive and self.concurrency is None:
+            self.concurrency = 1.0  # grows from one at a time
+        # The rate that last drew a busy answer (adaptive), or None.
+        self.ceiling: float | None = None
+        self.tokens = float(limit.burst)
+        self.filled_at = now
+        self.held_until = -math.inf
+        self.backoff = 0.0  # the last backoff a busy answer gave (0: none to remember)
+        self.last_busy = -math.inf
+        self.fastest = math.inf  # seconds of the fastest fetch lately
+        self.grown_at = now  # when an adaptive rate last grew
+        # Adaptive: the start times of the last WINDOW seconds.
+        self.started: deque[float] = deque()
+        self.breaker = BreakerState.CLOSED
+        self.failures = 0  # failed for good, in a row
+        self.opened_at = -math.inf
+        self.done = self.busy = self.failed = 0
+
+    def wait(self, now: float) -> float | None:
+        """0.0 if a target of the upstream may start at ``now``; else the
+        seconds until one may (held, out of tokens, breaker cooling down);
+        None if only a finish can let one start (as many in flight as
+        allowed, or a breaker's trial in flight)."""
+        if self.breaker is BreakerState.TRIAL:
+            return None
+        if self.concurrency is not None and self.inflight >= math.floor(self.concurrency):
+            return None
+        later = self.held_until - now
+        if self.breaker is BreakerState.OPEN:
+            later = max(later, self.opened_at + self.limit.cool_down - now)
+        if self.rate is not None:
+            self._refill(now)
+            if self.tokens < 1:
+                later = max(later, (1 - self.tokens) / self.rate)
+        return max(0.0, later)
+
+    def start(self, now: float) -> None:
+        """A target of the upstream starts (``wait(now)`` said 0.0)."""
+        self.inflight += 1
+        if self.limit.adaptive:
+            self.started.append(now)
+            while self.started[0] <= now - WINDOW:
+                self.started.popleft()
+        if self.rate is not None:
+            self._refill(now)
+            self.tokens -= 1
+        if self.breaker is BreakerState.OPEN:
+            self.breaker = BreakerState.TRIAL
+
+    def finish(
+        self,
+        now: float,
+        answer: Answer,
+        seconds: float,
+        after: float,
+        jitter: random.Random,
+    ) -> None:
+        """A target started by :meth:`start` came back: ``answer``, after
+        ``seconds`` of fetch; ``after`` is the least wait a busy answer
+        asked for (0: none), ``jitter`` what spreads a backoff."""
+        self.inflight -= 1
+        if answer is Answer.BUSY:
+            self.busy += 1
+            self._held(now, after, jitter)
+            if self.breaker is BreakerState.TRIAL:
+                self.breaker = BreakerState.OPEN  # the trial is tried again after the hold
+            return
+        if answer is Answer.DONE:
+            self.done += 1
+            self.failures = 0
+            self.breaker = BreakerState.CLOSED
+        else:
+            self.failed += 1
+            self.failures += 1
+            tripped = self.limit.break_after is not None and self.failures >= self.limit.break_after
+            if self.breaker is BreakerState.TRIAL or tripped:
+                self.breaker, self.opened_at = BreakerState.OPEN, now
+        if self.limit.adaptive:
+            self._learn(now, seconds)
+
+    def _refill(self, now: float) -> None:
+        """The tokens the rate has added since they were last counted."""
+        assert self.rate is not None
+        self.tokens = min(float(self.limit.burst), self.tokens + (now - self.filled_at) * self.rate)
+        self.filled_at = now
+
+    def _held(self, now: float, after: float, jitter: random.Random) -> None:
+        """A busy answer: hold the upstream for ``after``, or for a backoff
+        that doubles while busy answers follow each other (with jitter: the
+        second half of it drawn at random) and is forgotten after a quiet
+        spell; cut the adaptive limits."""
+        if after > 0:
+            hold = after
+        else:
+            quiet = now - self.last_busy > QUIET_SPELL * self.backoff
+            self.backoff = (
+                self.retry_wait
+                if quiet or not self.backoff
+                else min(self.backoff * BACKOFF_FACTOR, BACKOFF_MAX)
+            )
+            hold = self.backoff / 2 + jitter.uniform(0, self.backoff / 2)
+        self.last_busy = now
+        self.held_until = max(self.held_until, now + hold)
+        if self.limit.adaptive:
+            # The rate that drew it: the one in force, or (none yet) the
+            # one the starts of the last WINDOW ran at.
+            drew = self.rate if self.rate is not None else len(self.started) / WINDOW
+            self.ceiling = max(MIN_RATE, drew)
+            self.rate = max(MIN_RATE, self.ceiling * CUT)
+            self.tokens, self.filled_at, self.grown_at = min(self.tokens, 0.0), now, now
+            assert self.concurrency is not None
+            self.concurrency = max(1.0, (self.inflight + 1) * CUT)
+
+    def _learn(self, now: float, seconds: float) -> None:
+        """An answer that was not busy: an adaptive upstream's limits grow,
+        the concurrency by one per window of answers while fetches stay
+        fast, the rate back toward (then past) the one that last drew a
+        busy answer."""
+        self.fastest = min(self.fastest, seconds)
+        assert self.concurrency is not None
+        most = self.limit.concurrency
+        if seconds <= SLOW * self.fastest:
+            grown = self.concurrency + 1 / max(1.0, self.concurrency)
+            self.concurrency = grown if most is None else min(float(most), grown)
+        elif self.concurrency > 1:
+            self.concurrency = max(1.0, self.concurrency - 1 / self.concurrency)
+        if self.rate is not None and self.ceiling is not None:
+            per_second = (
+                (self.ceiling - self.rate) * REGAIN
+                if self.rate < self.ceiling * (1 - PROBE)
+                else self.rate * PROBE
+            )
+            grown = self.rate + per_second * min(1.0, now - self.grown_at)
+            self.grown_at = now
+            self.rate = grown if self.limit.rate is None else min(self.limit.rate, grown)
