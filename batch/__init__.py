@@ -19,7 +19,7 @@ from .errors import (
     TargetError,
 )
 from .hooks import Hooks
-from .model import Caller, CallerLike, Config, Job, Statistics, Target, TargetStatus
+from .model import Caller, CallerLike, Config, Job, Limit, Statistics, Target, TargetStatus
 from .runner import Fetch, Runner
 from .states import JobStatus, Reason, TargetState
 
@@ -35,6 +35,7 @@ __all__ = [
     "Job",
     "JobNotFound",
     "JobStatus",
+    "Limit",
     "Reason",
     "RetryLater",
     "Runner",

@@ -12,6 +12,7 @@ from .attempt import Outcome
 from .errors import RetryLater
 from .hooks import call_hook
 from .locks import unlocked
+from .pacing import Answer
 from .rotation import LiveJob
 from .state import State
 from .states import LIVE_JOB, JobStatus, TargetState, ended_status
@@ -22,6 +23,13 @@ log = logging.getLogger("batch")
 
 C = TypeVar("C")
 
+#: What an upstream's pace learns of an outcome.
+_ANSWERS = {
+    TargetState.DONE: Answer.DONE,
+    TargetState.FAILED: Answer.FAILED,
+    TargetState.PENDING: Answer.BUSY,
+}
+
 #: Seconds between tries of a store write the store refused: doubling from
 #: the first to the most.
 BACKOFF_FIRST = 0.01
@@ -29,10 +37,14 @@ BACKOFF_MAX = 1.0
 
 
 def finished(s: State[C], job: LiveJob[C], outcome: Outcome) -> None:
-    """A fetch of ``job`` is done: its outcome waits to be recorded. Called
-    with the lock held."""
+    """A fetch of ``job`` is done: its upstream learns the answer, and its
+    outcome waits to be recorded. Called with the lock held."""
     s.inflight -= 1
     call_hook(s.hooks.inflight, s.inflight)
+    if job.pace is not None:
+        now = s.clock.monotonic()
+        s.rotation.returned(job, _ANSWERS[outcome.status], outcome.seconds, outcome.after, now)
+        s.pass_on(now)  # a job parked on that upstream may start now
     s.finished.append((job, outcome))
 
 

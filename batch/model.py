@@ -18,6 +18,7 @@ __all__ = [
     "CallerLike",
     "Config",
     "Job",
+    "Limit",
     "Statistics",
     "Target",
     "TargetStatus",
@@ -167,6 +168,55 @@ class Job:
 
 
 @dataclass(frozen=True, slots=True)
+class Limit:
+    """The limits of one upstream, across every runner on the store.
+
+    - ``concurrency``: at most this many targets in flight at once.
+    - ``rate``: at most this many fetch starts a second, ``burst`` of them
+      at once after a quiet spell (a token bucket).
+    - ``adaptive``: the concurrency and rate in force follow the answers:
+      raised while they come back fast and not busy, cut at a busy answer
+      or a rising latency, never above the configured ones.
+    - ``break_after``: this many targets failed for good in a row open the
+      upstream's breaker: its targets wait ``cool_down`` seconds, then one
+      is tried; a success closes it, a failure opens it again.
+    """
+
+    concurrency: int | None = None
+    rate: float | None = None
+    burst: int = 1
+    adaptive: bool = False
+    break_after: int | None = None
+    cool_down: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency is not None:
+            _check_limit_int("concurrency", self.concurrency)
+        if self.rate is not None:
+            _check_positive("rate", self.rate)
+        _check_limit_int("burst", self.burst)
+        if not isinstance(self.adaptive, bool):
+            raise TypeError(f"Limit.adaptive must be a bool, not {type(self.adaptive).__name__}")
+        if self.break_after is not None:
+            _check_limit_int("break_after", self.break_after)
+        _check_positive("cool_down", self.cool_down)
+
+
+def _check_limit_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"Limit.{name} must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"Limit.{name} must be at least 1, not {value}")
+
+
+def _check_positive(name: str, value: object) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"Limit.{name} must be a number, not {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"Limit.{name} must be a finite number more than 0, not {value}")
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """How a runner works. Times are in seconds.
 
@@ -198,6 +248,12 @@ class Config:
       order; a caller with many jobs gets no more turns than one with one.
     - ``weights``: with ``fair="caller"``, ``caller_id -> turns`` a caller
       takes in a row, each round (1 for a caller not named).
+    - ``upstream``: ``target -> str | None``, the upstream a target calls
+      (``batch.web.host_of`` for URLs). Targets of one upstream share its
+      pace, whatever their job or caller: a busy answer holds them all,
+      and ``limits`` bound them. None (or an upstream of None): no pacing.
+    - ``limits``: ``upstream -> Limit``, ``"*"`` for every upstream not
+      named (none: only busy answers pace an upstream).
     """
 
     workers: int = 4
@@ -210,6 +266,8 @@ class Config:
     max_live: int | None = None
     fair: Literal["job", "caller"] = "job"
     weights: Mapping[str, int] | None = None
+    upstream: Callable[[Target], str | None] | None = None
+    limits: Mapping[str, Limit] | None = None
 
     def __post_init__(self) -> None:
         _check_int("workers", self.workers, 1)
@@ -226,6 +284,12 @@ class Config:
             raise ValueError(f"Config.fair must be 'job' or 'caller', not {self.fair!r}")
         if self.weights is not None:
             _check_weights(self.weights, self.fair)
+        if self.upstream is not None and not callable(self.upstream):
+            raise TypeError(
+                f"Config.upstream must be callable or None, not {type(self.upstream).__name__}"
+            )
+        if self.limits is not None:
+            _check_limits(self.limits)
         if self.resume is not None and not callable(self.resume):
             raise TypeError(
                 f"Config.resume must be callable or None, not {type(self.resume).__name__}"
@@ -237,6 +301,18 @@ def _check_int(name: str, value: object, least: int) -> None:
         raise TypeError(f"Config.{name} must be an int, not {type(value).__name__}")
     if value < least:
         raise ValueError(f"Config.{name} must be at least {least}, not {value}")
+
+
+def _check_limits(limits: object) -> None:
+    if not isinstance(limits, Mapping):
+        raise TypeError(f"Config.limits must be a mapping, not {type(limits).__name__}")
+    for key, limit in limits.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"Config.limits keys are upstreams (non-empty str), not {key!r}")
+        if not isinstance(limit, Limit):
+            raise TypeError(
+                f"Config.limits[{key!r}] must be a batch.Limit, not {type(limit).__name__}"
+            )
 
 
 def _check_weights(weights: object, fair: str) -> None:

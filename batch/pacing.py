@@ -1,7 +1,7 @@
 """Pacing per upstream (SPEC §2d): how fast, how many at once, and when the
 targets of one upstream may start, whatever their job.
 
-:class:`Limit` is what a user configures for an upstream; :class:`Pace` is
+:class:`~batch.model.Limit` is what a user configures for an upstream; :class:`Pace` is
 what a runner keeps of one upstream while it fetches from it: the tokens of
 its rate, its targets in flight, how long a busy answer holds it, its
 breaker, and (``adaptive``) the limits its answers have taught. A ``Pace``
@@ -24,13 +24,18 @@ The invariants, whenever no method runs:
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
 from enum import StrEnum
 
-__all__ = ["Answer", "BreakerState", "Limit", "Pace"]
+from .model import Limit, Target
+
+__all__ = ["Answer", "BreakerState", "Pace", "Paces"]
+
+log = logging.getLogger("batch")
 
 #: How much longer each busy answer without ``after`` holds its upstream
 #: than the last, while they come one after another.
@@ -73,55 +78,6 @@ class Answer(StrEnum):
     DONE = "done"
     FAILED = "failed"  # for good: counts toward the breaker
     BUSY = "busy"  # to be tried again: holds the upstream
-
-
-@dataclass(frozen=True)
-class Limit:
-    """The limits of one upstream, across every runner on the store.
-
-    - ``concurrency``: at most this many targets in flight at once.
-    - ``rate``: at most this many fetch starts a second, ``burst`` of them
-      at once after a quiet spell (a token bucket).
-    - ``adaptive``: the concurrency and rate in force follow the answers:
-      raised while they come back fast and not busy, cut at a busy answer
-      or a rising latency, never above the configured ones.
-    - ``break_after``: this many targets failed for good in a row open the
-      upstream's breaker: its targets wait ``cool_down`` seconds, then one
-      is tried; a success closes it, a failure opens it again.
-    """
-
-    concurrency: int | None = None
-    rate: float | None = None
-    burst: int = 1
-    adaptive: bool = False
-    break_after: int | None = None
-    cool_down: float = 30.0
-
-    def __post_init__(self) -> None:
-        if self.concurrency is not None:
-            _check_int("concurrency", self.concurrency)
-        if self.rate is not None:
-            _check_positive("rate", self.rate)
-        _check_int("burst", self.burst)
-        if not isinstance(self.adaptive, bool):
-            raise TypeError(f"Limit.adaptive must be a bool, not {type(self.adaptive).__name__}")
-        if self.break_after is not None:
-            _check_int("break_after", self.break_after)
-        _check_positive("cool_down", self.cool_down)
-
-
-def _check_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"Limit.{name} must be an int, not {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"Limit.{name} must be at least 1, not {value}")
-
-
-def _check_positive(name: str, value: object) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise TypeError(f"Limit.{name} must be a number, not {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"Limit.{name} must be a finite number more than 0, not {value}")
 
 
 class Pace:
@@ -298,3 +254,47 @@ class Pace:
             grown = self.rate + per_second * min(1.0, now - self.grown_at)
             self.grown_at = now
             self.rate = grown if self.limit.rate is None else min(self.limit.rate, grown)
+
+
+class Paces:
+    """The paces of the upstreams a runner fetches from, each made at its
+    first target. Guarded by the runner's lock.
+
+    ``upstream`` is the user's ``Config.upstream``: it runs under the lock,
+    once per target offered, so it must be quick (``batch.web.host_of``
+    is). If it raises, the target goes unpaced and the error is logged once
+    per kind.
+    """
+
+    __slots__ = ("_limits", "_paces", "_upstream", "jitter", "retry_wait")
+
+    def __init__(
+        self,
+        upstream: Callable[[Target], str | None],
+        limits: Mapping[str, Limit],
+        retry_wait: float,
+        jitter: random.Random,
+    ) -> None:
+        self._upstream = upstream
+        self._limits = limits
+        self._paces: dict[str, Pace] = {}
+        self.retry_wait = retry_wait
+        self.jitter = jitter
+
+    def __iter__(self) -> Iterator[Pace]:
+        return iter(list(self._paces.values()))
+
+    def of(self, target: Target, now: float) -> Pace | None:
+        """The pace of ``target``'s upstream (None: it has none)."""
+        try:
+            name = self._upstream(target)
+        except Exception:  # the user's function: a target it cannot name goes unpaced
+            log.exception("Config.upstream raised for target %r; it goes unpaced", target.ref)
+            return None
+        if name is None:
+            return None
+        pace = self._paces.get(name)
+        if pace is None:
+            limit = self._limits.get(name) or self._limits.get("*") or Limit()
+            pace = self._paces[name] = Pace(name, limit, self.retry_wait, now)
+        return pace

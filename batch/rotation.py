@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Generic, TypeVar
@@ -14,6 +15,7 @@ import store
 
 from .context import Context
 from .model import Target
+from .pacing import Answer, Pace, Paces
 from .states import Reason
 
 __all__ = ["LiveJob", "Rotation"]
@@ -54,6 +56,7 @@ class LiveJob(Generic[C]):
         "next",
         "order",
         "owner",
+        "pace",
         "queued",
         "retry_at",
         "running",
@@ -89,6 +92,7 @@ class LiveJob(Generic[C]):
         self.failed = 0
         self.order = -1  # its place in submit order, set by Rotation.add
         self.queued = False  # waiting in the rotation for its turn
+        self.pace: Pace | None = None  # the upstream of its target in flight, if paced
 
     @property
     def halted(self) -> bool:
@@ -108,6 +112,16 @@ class LiveJob(Generic[C]):
         first = not self.started
         self.started = self.running = True
         return first
+
+    def paced(self, pace: Pace) -> None:
+        """Its next target, about to start, counts against ``pace``."""
+        self.pace = pace
+
+    def returned(self) -> Pace | None:
+        """Its fetch came back: the pace it counted against, if any, which
+        it no longer does."""
+        pace, self.pace = self.pace, None
+        return pace
 
     def busy(self, now: float) -> float:
         """Its target in flight came back busy at ``now``: when the first
@@ -310,6 +324,14 @@ class Rotation(Generic[C]):
     ready to start wait in rings (:class:`_Ring`) by order; a job held back
     by a retry waits in ``_retry``, by ``retry_at``, until it is due.
 
+    With ``paces`` (``Config.upstream``), a job whose turn comes while its
+    next target's upstream may not start one (held, out of tokens, as many
+    in flight as allowed, breaker open) is parked on that upstream: in a
+    ring of its own by order, released one job at a time as the upstream
+    may start one (when a timer in ``_timers`` is due, or a fetch of it
+    returns), back among the ready jobs at its order. So a held upstream
+    costs no pick more than O(log n), and delays no job of another.
+
     Not thread-safe: the runner's lock guards it. Invariants: ``_by_id``
     holds the live jobs and ``_owners`` counts them by caller; a job has at
     most one entry in ``_ready`` and ``_retry`` together (``LiveJob.queued``).
@@ -318,9 +340,25 @@ class Rotation(Generic[C]):
     entries, and those of cancelled jobs, are dropped when they come up.
     """
 
-    __slots__ = ("_by_id", "_new", "_orders", "_owners", "_ready", "_retry")
+    __slots__ = (
+        "_by_id",
+        "_new",
+        "_orders",
+        "_owners",
+        "_parked",
+        "_ready",
+        "_retry",
+        "_timer_at",
+        "_timers",
+        "paces",
+    )
 
-    def __init__(self, fair: str = "job", weights: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        fair: str = "job",
+        weights: Mapping[str, int] | None = None,
+        paces: Paces | None = None,
+    ) -> None:
         self._new: Callable[[], _ByJob[C] | _ByCaller[C]] = (
             _ByJob if fair == "job" else functools.partial(_ByCaller, dict(weights or {}))
         )
@@ -329,6 +367,12 @@ class Rotation(Generic[C]):
         self._orders = itertools.count()
         self._ready: _ByJob[C] | _ByCaller[C] = self._new()
         self._retry: list[tuple[float, int, str]] = []
+        self.paces = paces
+        # By upstream: the jobs parked on it, and when one of them may start
+        # (the earliest such time in _timer_at; _timers holds stale ones too).
+        self._parked: dict[str, _Ring[str]] = {}
+        self._timers: list[tuple[float, str]] = []
+        self._timer_at: dict[str, float] = {}
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -360,6 +404,7 @@ class Rotation(Generic[C]):
             # it grew to, and a runner that once held many jobs would keep it.
             self._by_id, self._owners = {}, Counter()
             self._ready, self._retry = self._new(), []
+            self._parked, self._timers, self._timer_at = {}, [], {}
 
     def __iter__(self) -> Iterator[LiveJob[C]]:
         return iter(list(self._by_id.values()))
@@ -389,16 +434,73 @@ class Rotation(Generic[C]):
 
     def pick(self, now: float) -> LiveJob[C] | None:
         """The job whose turn it is (see the class); the cursors move to it.
-        None if no job can start a target at ``now``."""
+        None if no job can start a target at ``now``. A job whose upstream
+        may not start a target is parked on it on the way."""
         while self._retry and self._retry[0][0] <= now:
             _, _, job_id = heapq.heappop(self._retry)
             if (job := self._live(job_id)) is not None:
                 job.retry_at = 0.0
                 self._ready.push(job)
-        job = self._ready.pop(self._live)
+        while self._timers and self._timers[0][0] <= now:
+            when, name = heapq.heappop(self._timers)
+            if self._timer_at.get(name) == when:
+                del self._timer_at[name]
+                self._release(name)
+        while (job := self._ready.pop(self._live)) is not None:
+            pace = None if self.paces is None else self.paces.of(job.targets[job.next], now)
+            if pace is None:
+                job.queued = False
+                return job
+            wait = pace.wait(now)
+            if wait == 0.0:
+                job.queued = False
+                job.paced(pace)
+                pace.start(now)
+                self._schedule(pace, now)
+                return job
+            self._parked.setdefault(pace.name, _Ring()).push(job.order, job.id)
+            if wait is not None:
+                self._timer(pace.name, now + wait)
+        return None
+
+    def returned(
+        self, job: LiveJob[C], answer: Answer, seconds: float, after: float, now: float
+    ) -> None:
+        """A fetch of ``job`` came back at ``now`` (``answer``, after
+        ``seconds``; a busy one asking to wait ``after``): its upstream
+        learns it, and a job parked on it is released if one may start."""
+        pace = job.returned()
+        if pace is not None:
+            assert self.paces is not None
+            pace.finish(now, answer, seconds, after, self.paces.jitter)
+            self._schedule(pace, now)
+
+    def _schedule(self, pace: Pace, now: float) -> None:
+        """``pace`` changed: if a job is parked on it, release one now if a
+        target may start, or set the timer for when one may."""
+        if pace.name not in self._parked:
+            return
+        wait = pace.wait(now)
+        if wait == 0.0:
+            self._release(pace.name)
+        elif wait is not None:
+            self._timer(pace.name, now + wait)
+
+    def _timer(self, name: str, when: float) -> None:
+        """A job parked on upstream ``name`` may start at ``when``."""
+        if when < self._timer_at.get(name, math.inf):
+            self._timer_at[name] = when
+            heapq.heappush(self._timers, (when, name))
+
+    def _release(self, name: str) -> None:
+        """The next job parked on upstream ``name`` (round robin, by order)
+        rejoins the ready ones; the ring goes once empty."""
+        ring = self._parked[name]
+        job = _take(ring, self._live)
         if job is not None:
-            job.queued = False
-        return job
+            self._ready.push(job)
+        if not ring:
+            del self._parked[name]
 
     def _live(self, job_id: str) -> LiveJob[C] | None:
         """The job of an entry just popped, or None if it left or was
@@ -412,14 +514,25 @@ class Rotation(Generic[C]):
     def ready(self, now: float) -> bool:
         """Whether some job may start a target at ``now`` (an entry of a job
         that left may answer True once: a wake for nothing, never a miss)."""
-        return bool(self._ready or (self._retry and self._retry[0][0] <= now))
+        return bool(
+            self._ready
+            or (self._retry and self._retry[0][0] <= now)
+            or (self._timers and self._timers[0][0] <= now)
+        )
 
     def next_retry_in(self, now: float) -> float | None:
-        """Seconds until the earliest held-back target may be tried, or None if
-        no job waits on a retry."""
+        """Seconds until the earliest held-back target may be tried (a
+        retry, or a job parked on an upstream), or None if none waits on a
+        time."""
         while self._retry and self._by_id.get(self._retry[0][2]) is None:
             heapq.heappop(self._retry)
-        return self._retry[0][0] - now if self._retry else None
+        while self._timers and self._timer_at.get(self._timers[0][1]) != self._timers[0][0]:
+            heapq.heappop(self._timers)
+        due = min(
+            self._retry[0][0] if self._retry else math.inf,
+            self._timers[0][0] if self._timers else math.inf,
+        )
+        return None if due == math.inf else due - now
 
     def waiting_retry(self, now: float) -> int:
         """How many jobs wait on a retry."""

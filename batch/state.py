@@ -7,6 +7,7 @@ works on one ``State``; this is where the rule of its lock is written.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -19,6 +20,7 @@ from .context import Context
 from .hooks import Hooks, call_hook
 from .idle import Idle, ThreadSleeper
 from .model import Config
+from .pacing import Paces
 from .rotation import LiveJob, Rotation
 from .states import JobStatus, Reason
 from .trouble import Trouble
@@ -125,7 +127,13 @@ class State(Generic[C]):
         self.chores = threading.Condition(self.lock)
         self.writes = threading.Condition(self.lock)
 
-        self.rotation: Rotation[C] = Rotation(config.fair, config.weights)
+        self.rotation: Rotation[C] = Rotation(
+            config.fair,
+            config.weights,
+            None
+            if config.upstream is None
+            else Paces(config.upstream, config.limits or {}, config.retry_wait, random.Random()),
+        )
         self.counts = Counts()
         self.inflight = 0
         self.idle = Idle()

@@ -76,7 +76,13 @@ def take(s: State[C]) -> LiveJob[C] | None:
     now = s.clock.monotonic()
     job = None if now >= s.valid_until else s.rotation.pick(now)
     if job is None:
-        return None
+        return None  # the caller sleeps, on the earliest time a job may start
+    if s.rotation.paces is not None:
+        # The pick may have parked jobs on an upstream until a time no
+        # sleeper knows of yet: one keeps it.
+        due_in = s.rotation.next_retry_in(now)
+        if due_in is not None:
+            s.retry_at(now + due_in)
     s.pass_on(now)
     if job.start():
         if not s.starting:

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batch import Limit
 from batch.pacing import (
     BACKOFF_MAX,
     CUT,
@@ -18,7 +19,6 @@ from batch.pacing import (
     QUIET_SPELL,
     Answer,
     BreakerState,
-    Limit,
     Pace,
 )
 

@@ -1,0 +1,106 @@
+"""Pacing in a runner (SPEC §2d): the targets of one upstream share its
+limits and its holds, whatever their job; other upstreams go on."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import batch
+import store
+from tests.helpers import TIMEOUT, MakeRunner
+
+ALICE = batch.Caller("alice")
+
+
+def host(target: batch.Target) -> str | None:
+    """Targets name their upstream before a slash: ``h1/a``."""
+    return target.ref.split("/", 1)[0] if "/" in target.ref else None
+
+
+class Log:
+    """What the fetch saw: start times by ref, and the most in flight at once."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.lock = threading.Lock()
+        self.starts: dict[str, list[float]] = {}
+        self.inflight = 0
+        self.peak = 0
+        self.seconds = seconds
+
+    def fetch(self, ctx: batch.Context, caller: Any, target: batch.Target) -> object:
+        with self.lock:
+            self.starts.setdefault(target.ref, []).append(time.monotonic())
+            self.inflight += 1
+            self.peak = max(self.peak, self.inflight)
+        try:
+            if self.seconds:
+                ctx.wait(self.seconds)  # the fetch's own work: an upstream that takes time
+            return target.ref
+        finally:
+            with self.lock:
+                self.inflight -= 1
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_concurrency_holds_across_jobs(db: store.Store, runner: MakeRunner) -> None:
+    log = Log(seconds=0.01)
+    limits = {"h1": batch.Limit(concurrency=2)}
+    with runner(db, log.fetch, workers=6, upstream=host, limits=limits) as r:
+        ids = [r.submit(ALICE, [f"h1/{j}-{i}" for i in range(5)]) for j in range(6)]
+        for job_id in ids:
+            assert r.wait(ALICE, job_id, timeout=TIMEOUT).status == batch.JobStatus.DONE
+    assert log.peak == 2
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_a_rate_spaces_the_starts_of_every_job_of_the_upstream(
+    db: store.Store, runner: MakeRunner
+) -> None:
+    log = Log()
+    rate = 50.0
+    with runner(db, log.fetch, workers=4, upstream=host, limits={"*": batch.Limit(rate=rate)}) as r:
+        ids = [r.submit(ALICE, [f"h1/{j}-{i}" for i in range(5)]) for j in range(4)]
+        for job_id in ids:
+            r.wait(ALICE, job_id, timeout=TIMEOUT)
+    starts = sorted(t for times in log.starts.values() for t in times)
+    assert len(starts) == 20
+    # A bucket of one token: n starts take at least (n - 1) / rate seconds.
+    assert starts[-1] - starts[0] >= (len(starts) - 1) / rate * 0.99
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_a_busy_answer_holds_every_target_of_its_upstream_and_no_other(
+    db: store.Store, runner: MakeRunner
+) -> None:
+    """A ``Retry-After`` holds the other jobs' targets of that upstream for
+    as long; a job on another upstream starts meanwhile."""
+    after = 2.0
+    raised: list[float] = []
+    log = Log()
+
+    def fetch(ctx: batch.Context, caller: Any, target: batch.Target) -> object:
+        if target.ref == "h1/first" and not raised:
+            raised.append(time.monotonic())
+            raise batch.RetryLater(after=after)
+        return log.fetch(ctx, caller, target)
+
+    class Busy(batch.Hooks):
+        seen = threading.Event()
+
+        def retry(self, err: BaseException, wait: float) -> None:
+            self.seen.set()
+
+    hooks = Busy()
+    with runner(db, fetch, hooks, workers=2, upstream=host) as r:
+        first = r.submit(ALICE, ["h1/first"])
+        assert hooks.seen.wait(TIMEOUT)  # the upstream is held by now
+        held = r.submit(ALICE, ["h1/second"])
+        other = r.submit(ALICE, ["h2/other"])
+        for job_id in (first, held, other):
+            assert r.wait(ALICE, job_id, timeout=TIMEOUT).status == batch.JobStatus.DONE
+    assert log.starts["h1/second"][0] >= raised[0] + after
+    assert log.starts["h2/other"][0] < log.starts["h1/second"][0]
