@@ -62,7 +62,15 @@ from .context import Context
 from .errors import BatchError, RetryLater, TargetError
 from .model import Target
 
-__all__ = ["SCHEMES", "Fetcher", "error_for_status", "fetch_url", "retry_after", "safe_name"]
+__all__ = [
+    "SCHEMES",
+    "Fetcher",
+    "error_for_status",
+    "fetch_url",
+    "host_of",
+    "retry_after",
+    "safe_name",
+]
 
 #: The URL schemes a fetch accepts.
 SCHEMES = ("http", "https", "file")
@@ -198,6 +206,27 @@ def error_for_status(status: int, reason: str, retry_after_value: str | None) ->
     else:
         hint = "an answer the client cannot follow (a redirect loop?); check the URL"
     return TargetError(what, hint=hint)
+
+
+#: The port a URL means when it names none, by scheme.
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def host_of(target: Target) -> str | None:
+    """The upstream a URL target calls, for ``Config.upstream``:
+    ``scheme://host:port``, lower case, the scheme's port filled in (so
+    ``https://Example.org/a`` and ``https://example.org:443/b`` share one).
+    None for a ``file`` URL or what is not a URL with a host: no pacing."""
+    try:
+        parts = urllib.parse.urlsplit(target.ref)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS or not parts.hostname:
+        return None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{scheme}://{host}:{port or DEFAULT_PORTS[scheme]}"
 
 
 def retry_after(value: str | None, now: float | None = None) -> float | None:

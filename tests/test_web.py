@@ -359,3 +359,23 @@ def test_no_text_at_all_names_a_file_outside_the_directory(url: str) -> None:
     except ValueError:  # urlsplit refuses it (a bad IPv6 host, say): no name, no file
         return
     assert_stays_inside(name)
+
+
+@pytest.mark.parametrize(
+    ("url", "upstream"),
+    [
+        ("https://Example.org/a?b=1", "https://example.org:443"),
+        ("https://example.org:443/b", "https://example.org:443"),
+        ("http://example.org/", "http://example.org:80"),
+        ("http://example.org:8080/x", "http://example.org:8080"),
+        ("HTTP://[::1]:9000/", "http://[::1]:9000"),
+        ("file:///etc/hosts", None),
+        ("https:///no-host", None),
+        ("http://example.org:99999/", None),
+        ("not a url", None),
+    ],
+)
+def test_host_of_names_one_upstream_per_scheme_host_and_port(
+    url: str, upstream: str | None
+) -> None:
+    assert web.host_of(batch.Target(url)) == upstream
