@@ -19,7 +19,17 @@ from .errors import (
     TargetError,
 )
 from .hooks import Hooks
-from .model import Caller, CallerLike, Config, Job, Limit, Statistics, Target, TargetStatus
+from .model import (
+    Caller,
+    CallerLike,
+    Config,
+    Job,
+    Limit,
+    Statistics,
+    Target,
+    TargetStatus,
+    UpstreamState,
+)
 from .runner import Fetch, Runner
 from .states import JobStatus, Reason, TargetState
 
@@ -46,5 +56,6 @@ __all__ = [
     "TargetError",
     "TargetState",
     "TargetStatus",
+    "UpstreamState",
     "__version__",
 ]

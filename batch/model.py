@@ -22,6 +22,7 @@ __all__ = [
     "Statistics",
     "Target",
     "TargetStatus",
+    "UpstreamState",
 ]
 
 #: The longest ref a target may have, in UTF-8 bytes.
@@ -357,3 +358,29 @@ class Statistics:
     stored: int = 0
     retries: int = 0
     ended: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamState:
+    """One upstream as a runner paces it now (``Runner.upstreams``).
+
+    ``limit``: what is configured; ``concurrency`` and ``rate``: what is in
+    force (an adaptive limit's current ones; None: unbounded);
+    ``inflight``: its targets being fetched; ``waiting``: jobs whose next
+    target waits on it; ``held_for``: seconds until a busy answer's hold
+    ends (0: not held); ``breaker``: ``closed``, ``open`` or ``trial``.
+    Since the runner opened: its targets ``done``, answered ``busy``, and
+    ``failed`` for good.
+    """
+
+    name: str
+    limit: Limit
+    concurrency: float | None
+    rate: float | None
+    inflight: int
+    waiting: int
+    held_for: float
+    breaker: str
+    done: int
+    busy: int
+    failed: int

@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from enum import StrEnum
 
-from .model import Limit, Target
+from .model import Limit, Target, UpstreamState
 
 __all__ = ["Answer", "BreakerState", "Pace", "Paces"]
 
@@ -198,6 +198,22 @@ class Pace:
                 self.breaker, self.opened_at = BreakerState.OPEN, now
         if self.limit.adaptive:
             self._learn(now, seconds)
+
+    def state(self, now: float, waiting: int) -> UpstreamState:
+        """What users see of it at ``now``, with ``waiting`` jobs parked on it."""
+        return UpstreamState(
+            name=self.name,
+            limit=self.limit,
+            concurrency=self.concurrency,
+            rate=self.rate,
+            inflight=self.inflight,
+            waiting=waiting,
+            held_for=max(0.0, self.held_until - now),
+            breaker=self.breaker.value,
+            done=self.done,
+            busy=self.busy,
+            failed=self.failed,
+        )
 
     def _refill(self, now: float) -> None:
         """The tokens the rate has added since they were last counted."""

@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 import store
 
 from .context import Context
-from .model import Target
+from .model import Target, UpstreamState
 from .pacing import Answer, Pace, Paces
 from .states import Reason
 
@@ -184,6 +184,9 @@ class _Ring(Generic[K]):
 
     def __bool__(self) -> bool:
         return bool(self._ahead or self._behind)
+
+    def __iter__(self) -> Iterator[tuple[int, K]]:
+        return itertools.chain(self._ahead, self._behind)
 
     def push(self, order: int, key: K) -> None:
         heapq.heappush(self._ahead if order > self.cursor else self._behind, (order, key))
@@ -474,6 +477,20 @@ class Rotation(Generic[C]):
             assert self.paces is not None
             pace.finish(now, answer, seconds, after, self.paces.jitter)
             self._schedule(pace, now)
+
+    def upstreams(self, now: float) -> list[UpstreamState]:
+        """Each upstream paced so far, by name, as it stands at ``now``."""
+        if self.paces is None:
+            return []
+        return sorted(
+            (pace.state(now, self._waiting_on(pace.name)) for pace in self.paces),
+            key=lambda state: state.name,
+        )
+
+    def _waiting_on(self, name: str) -> int:
+        """How many live jobs are parked on upstream ``name``."""
+        ring = self._parked.get(name)
+        return 0 if ring is None else sum(1 for _, job_id in ring if job_id in self._by_id)
 
     def _schedule(self, pace: Pace, now: float) -> None:
         """``pace`` changed: if a job is parked on it, release one now if a

@@ -25,6 +25,7 @@ from .model import (
     Job,
     Statistics,
     Target,
+    UpstreamState,
     caller_id,
     stored_targets,
 )
@@ -73,7 +74,7 @@ class Runner(Generic[C]):
     Errors: every one a method raises is a ``BatchError`` but Python's own
     ``TypeError`` (an argument of the wrong type) and ``TimeoutError``.
     ``StoreFailed`` comes from any method that reads or writes the store
-    when it cannot answer (all but ``statistics`` and ``close``); besides:
+    when it cannot answer (all but ``statistics``, ``upstreams`` and ``close``); besides:
 
     - ``submit``, ``submit_many``: ``InvalidJob``, ``RunnerClosed``;
     - ``status``, ``touch``: ``JobNotFound``;
@@ -81,6 +82,7 @@ class Runner(Generic[C]):
     - ``wait``, ``as_completed``, ``wait_async``: ``JobNotFound``,
       ``RunnerClosed``, ``TimeoutError``;
     - ``requeue_failed``: ``InvalidJob``, ``JobNotFound``, ``RunnerClosed``;
+    - ``upstreams``: nothing;
     - ``close``: ``TimeoutError``.
     """
 
@@ -369,6 +371,14 @@ class Runner(Generic[C]):
                 retries=s.counts.retries,
                 ended=dict(s.counts.ended),
             )
+
+    def upstreams(self) -> list[UpstreamState]:
+        """Each upstream this runner has paced (``Config.upstream``), by
+        name: its limits in force, in flight, waiting jobs, hold, breaker
+        and counts. Empty without ``Config.upstream``."""
+        s = self._s
+        with s.lock:
+            return s.rotation.upstreams(s.clock.monotonic())
 
     def close(self, timeout: float | None = None) -> None:
         """Stop: start no further target, cancel the fetch context, store what

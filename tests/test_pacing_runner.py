@@ -11,7 +11,7 @@ import pytest
 
 import batch
 import store
-from tests.helpers import TIMEOUT, MakeRunner
+from tests.helpers import TIMEOUT, MakeRunner, eventually
 
 ALICE = batch.Caller("alice")
 
@@ -100,7 +100,25 @@ def test_a_busy_answer_holds_every_target_of_its_upstream_and_no_other(
         assert hooks.seen.wait(TIMEOUT)  # the upstream is held by now
         held = r.submit(ALICE, ["h1/second"])
         other = r.submit(ALICE, ["h2/other"])
+        # The job on h1 waits on it, seen from upstreams() while it does.
+        assert eventually(lambda: _upstream(r, "h1").waiting == 1)
+        h1 = _upstream(r, "h1")
+        assert 0 < h1.held_for <= after
+        assert (h1.busy, h1.inflight, h1.breaker) == (1, 0, "closed")
         for job_id in (first, held, other):
             assert r.wait(ALICE, job_id, timeout=TIMEOUT).status == batch.JobStatus.DONE
     assert log.starts["h1/second"][0] >= raised[0] + after
     assert log.starts["h2/other"][0] < log.starts["h1/second"][0]
+
+
+def _upstream(r: batch.Runner[Any], name: str) -> batch.UpstreamState:
+    (state,) = [u for u in r.upstreams() if u.name == name]
+    return state
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_without_config_upstream_nothing_is_paced(db: store.Store, runner: MakeRunner) -> None:
+    log = Log()
+    with runner(db, log.fetch, workers=2) as r:
+        r.wait(ALICE, r.submit(ALICE, ["h1/a", "h1/b"]), timeout=TIMEOUT)
+        assert r.upstreams() == []
