@@ -29,6 +29,8 @@ from .shapes import (
     Stored,
     TargetOutcome,
     TargetRow,
+    UpstreamShare,
+    UpstreamWant,
 )
 from .states import JobStatus, RunState, StepState, TargetState, ended_status
 from .store import Store, open
@@ -62,6 +64,8 @@ __all__ = [
     "TargetRow",
     "TargetState",
     "Unsatisfiable",
+    "UpstreamShare",
+    "UpstreamWant",
     "__version__",
     "ended_status",
     "label",

@@ -328,6 +328,25 @@ UPGRADES: tuple[tuple[str, ...], ...] = (
         # with its mark.
         "ALTER TABLE store_commits ADD COLUMN answer JSON",
     ),
+    (
+        """
+        CREATE TABLE upstream_shares (
+            upstream  TEXT    COLLATE "C" NOT NULL,
+            runner_id TEXT    COLLATE "C" NOT NULL,
+            demand    INTEGER NOT NULL CHECK (demand >= 0),
+            slots     INTEGER NOT NULL CHECK (slots >= 0),
+            seen_at   DOUBLE PRECISION NOT NULL,
+            lapse     DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (upstream, runner_id)
+        )
+        """,
+        """
+        CREATE TABLE upstream_holds (
+            upstream   TEXT COLLATE "C" PRIMARY KEY,
+            held_until DOUBLE PRECISION NOT NULL
+        )
+        """,
+    ),
 )
 assert SCHEMA_VERSION + len(UPGRADES) == VERSION
 

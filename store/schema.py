@@ -255,6 +255,31 @@ _BYTE_SLOTS = (
     "ALTER TABLE job_bytes_slots RENAME TO job_bytes",
 )
 
+_UPSTREAMS = (
+    # Each runner's share of an upstream's limits (``store.upstreams``): how
+    # many of its jobs want it, the concurrency slots it holds, and when it
+    # last said so (a row unseen for its ``lapse`` counts for nothing).
+    """
+    CREATE TABLE upstream_shares (
+        upstream  TEXT    NOT NULL,
+        runner_id TEXT    NOT NULL,
+        demand    INTEGER NOT NULL CHECK (demand >= 0),
+        slots     INTEGER NOT NULL CHECK (slots >= 0),
+        seen_at   REAL    NOT NULL,
+        lapse     REAL    NOT NULL,
+        PRIMARY KEY (upstream, runner_id)
+    ) WITHOUT ROWID
+    """,
+    # Until when a busy answer holds an upstream, by the store's clock; the
+    # row is also what a runner locks to change the upstream's shares.
+    """
+    CREATE TABLE upstream_holds (
+        upstream   TEXT PRIMARY KEY,
+        held_until REAL NOT NULL
+    ) WITHOUT ROWID
+    """,
+)
+
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _JOBS,
     _RUNS,
@@ -265,5 +290,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _JOB_NAMES,
     _QUEUE_CHANGES,
     _BYTE_SLOTS,
+    _UPSTREAMS,
 )
 VERSION = len(MIGRATIONS)

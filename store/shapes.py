@@ -27,6 +27,8 @@ __all__ = [
     "Stored",
     "TargetOutcome",
     "TargetRow",
+    "UpstreamShare",
+    "UpstreamWant",
 ]
 
 # -- batch jobs ----------------------------------------------------------------
@@ -144,6 +146,36 @@ class Beat:
 
 
 # -- the run scheduler -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamWant:
+    """What a runner says of an upstream at each pace sync: ``demand``, how
+    many of its jobs want it now (fetching from it, or waiting on it);
+    ``concurrency``, the configured most in flight at once across every
+    runner (None: no such limit); ``inflight``, how many of its targets are
+    being fetched; ``hold``, seconds from now a busy answer it had since
+    the last sync holds the upstream for (0: none)."""
+
+    upstream: str
+    demand: int
+    concurrency: int | None
+    inflight: int
+    hold: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamShare:
+    """A runner's share of an upstream, until its next sync: ``runners``,
+    how many runners want it now (this one included, at least 1), by which
+    it divides the upstream's rate; ``slots``, how many of its targets it
+    may have in flight (None: no concurrency limit); ``held_for``, seconds
+    from now the upstream is held by a busy answer any runner had (0: not
+    held)."""
+
+    runners: int
+    slots: int | None
+    held_for: float
 
 
 @dataclass(frozen=True, slots=True)

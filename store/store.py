@@ -10,7 +10,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import jobs, nodes, outcomes, queue, record, runners, runs, waiting
+from . import jobs, nodes, outcomes, queue, record, runners, runs, upstreams, waiting
 from .db import CANCELLED, WORK, Database, Synchronous, Tracer, Tx, in_list
 from .errors import StoreError
 from .explain import explain as explain_run
@@ -27,6 +27,8 @@ from .shapes import (
     Stored,
     TargetOutcome,
     TargetRow,
+    UpstreamShare,
+    UpstreamWant,
 )
 from .sqlite import SQLiteDatabase
 from .states import JobStatus, RunState, TargetState
@@ -330,9 +332,18 @@ class Store:
 
         def retire(tx: Tx) -> None:
             runners.retire(tx, runner_id)
+            upstreams.forget(tx, runner_id)
             self._db.notify(tx, WORK)
 
         self._db.write(retire, fenced=True)
+
+    def sync_upstreams(
+        self, runner_id: str, lapse: float, wants: Sequence[UpstreamWant]
+    ) -> dict[str, UpstreamShare]:
+        """Record what the runner wants of each upstream it paces, and the
+        holds its busy answers put on them; return its share of each until
+        its next sync (see ``upstreams``). Rows last ``lapse`` seconds."""
+        return self._db.write(lambda tx: upstreams.sync(tx, runner_id, lapse, wants), fenced=True)
 
     def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
         """Call ``callback(notice)`` on a thread of the store's for each
