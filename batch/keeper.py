@@ -33,6 +33,10 @@ CANCEL_POLL = 0.1
 #: Seconds before a beat the store refused is tried again (at most).
 RETRY_BEAT = 0.5
 
+#: Seconds between syncs of the upstreams a runner paces with the store
+#: (at once when one appears, or a busy answer holds one).
+PACE_SYNC = 0.5
+
 
 def keep(s: State[C], resume: Resume) -> None:
     """The keeper thread, until the runner's workers are joined: beat three
@@ -40,13 +44,17 @@ def keep(s: State[C], resume: Resume) -> None:
     ``running`` for jobs no batch carried within ``START_DELAY``, look for
     jobs cancelled elsewhere; at the end, retire (release every lease)."""
     interval = s.config.takeover_after / 3
+    paces = s.rotation.paces
     with s.lock:
         next_beat = s.clock.monotonic() + interval
-        next_poll = 0.0
+        next_poll = next_sync = 0.0
         while not s.stopping:
             now = s.clock.monotonic()
             if s.starting and now >= s.starting_since + START_DELAY:
                 _store_starting(s)
+            elif paces is not None and (paces.fresh or now >= next_sync):
+                _sync_upstreams(s)
+                next_sync = s.clock.monotonic() + PACE_SYNC
             elif now >= next_beat or s.want_room:
                 # A beat the store refused is tried again soon: the gap a
                 # stall leaves must be seen by the first beat after it.
@@ -57,6 +65,8 @@ def keep(s: State[C], resume: Resume) -> None:
                 next_poll = s.clock.monotonic() + CANCEL_POLL
             else:
                 due = [next_beat] + ([next_poll] if len(s.rotation) else [])
+                if paces is not None:
+                    due.append(next_sync)
                 if s.starting:
                     due.append(s.starting_since + START_DELAY)
                 s.wait(s.chores, min(due) - now)
@@ -93,6 +103,28 @@ def _store_starting(s: State[C]) -> None:
         give_back_starting(s, starting)
         return
     trouble.ok()
+
+
+def _sync_upstreams(s: State[C]) -> None:
+    """Tell the store what this runner wants of the upstreams it paces, and
+    the holds of its busy answers; take its share of each."""
+    wants = s.rotation.wants(s.clock.monotonic())
+    trouble = s.trouble("sharing upstreams")
+    lapse = s.config.takeover_after
+    try:
+        with unlocked(s.lock):
+            shares = s.store.sync_upstreams(s.id, lapse, wants)
+    except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
+        trouble.failed("cannot share %d upstream(s) with the store; trying again", len(wants))
+        s.rotation.not_shared(wants)
+        return
+    trouble.ok()
+    now = s.clock.monotonic()
+    s.rotation.shared(shares, now, lapse)
+    s.pass_on(now)  # jobs parked on them may start now
+    due_in = s.rotation.next_retry_in(now)
+    if due_in is not None:
+        s.retry_at(now + due_in)  # or at a time no sleeper knows of yet
 
 
 def _poll_cancels(s: State[C]) -> None:

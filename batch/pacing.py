@@ -31,6 +31,8 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from enum import StrEnum
 
+from store import UpstreamShare
+
 from .model import Limit, Target, UpstreamState
 
 __all__ = ["Answer", "BreakerState", "Pace", "Paces"]
@@ -105,8 +107,12 @@ class Pace:
         "limit",
         "name",
         "opened_at",
+        "publish",
         "rate",
         "retry_wait",
+        "runners",
+        "share_until",
+        "slots",
         "started",
         "tokens",
     )
@@ -136,6 +142,19 @@ class Pace:
         self.failures = 0  # failed for good, in a row
         self.opened_at = -math.inf
         self.done = self.busy = self.failed = 0
+        # Its share among the store's runners, from the last sync: how many
+        # want the upstream (the configured rate is divided among them), the
+        # slots it may use (None: no concurrency limit), and until when the
+        # share holds; a limited upstream starts nothing without one.
+        self.runners = 1
+        self.slots: int | None = None
+        self.share_until = -math.inf
+        self.publish = False  # a hold of its own to tell the others at the next sync
+
+    @property
+    def limited(self) -> bool:
+        """Whether it has a limit the store's runners share."""
+        return self.limit.concurrency is not None or self.limit.rate is not None
 
     def wait(self, now: float) -> float | None:
         """0.0 if a target of the upstream may start at ``now``; else the
@@ -144,15 +163,20 @@ class Pace:
         allowed, or a breaker's trial in flight)."""
         if self.breaker is BreakerState.TRIAL:
             return None
+        if self.limited and now >= self.share_until:
+            return None  # its share is unknown, or stale: the next sync tells
         if self.concurrency is not None and self.inflight >= math.floor(self.concurrency):
+            return None
+        if self.slots is not None and self.inflight >= self.slots:
             return None
         later = self.held_until - now
         if self.breaker is BreakerState.OPEN:
             later = max(later, self.opened_at + self.limit.cool_down - now)
-        if self.rate is not None:
+        rate = self._rate()
+        if rate is not None:
             self._refill(now)
             if self.tokens < 1:
-                later = max(later, (1 - self.tokens) / self.rate)
+                later = max(later, (1 - self.tokens) / rate)
         return max(0.0, later)
 
     def start(self, now: float) -> None:
@@ -162,7 +186,7 @@ class Pace:
             self.started.append(now)
             while self.started[0] <= now - WINDOW:
                 self.started.popleft()
-        if self.rate is not None:
+        if self._rate() is not None:
             self._refill(now)
             self.tokens -= 1
         if self.breaker is BreakerState.OPEN:
@@ -199,6 +223,20 @@ class Pace:
         if self.limit.adaptive:
             self._learn(now, seconds)
 
+    def hold_to_publish(self, now: float) -> float:
+        """Seconds from ``now`` of the hold a busy answer of its own put on
+        it since the last sync (0: none), for the other runners."""
+        publish, self.publish = self.publish, False
+        return max(0.0, self.held_until - now) if publish else 0.0
+
+    def shared(self, share: UpstreamShare, now: float, lapse: float) -> None:
+        """Its share among the store's runners, as a sync at ``now`` said:
+        good for ``lapse`` seconds unless synced again."""
+        self.runners = share.runners
+        self.slots = share.slots
+        self.held_until = max(self.held_until, now + share.held_for)
+        self.share_until = now + lapse
+
     def state(self, now: float, waiting: int) -> UpstreamState:
         """What users see of it at ``now``, with ``waiting`` jobs parked on it."""
         return UpstreamState(
@@ -215,10 +253,21 @@ class Pace:
             failed=self.failed,
         )
 
+    def _rate(self) -> float | None:
+        """Starts a second in force: the configured rate divided among the
+        runners that want the upstream, or (adaptive) what the answers
+        taught, whichever is less; None: no rate."""
+        share = None if self.limit.rate is None else self.limit.rate / self.runners
+        if self.rate is None or not self.limit.adaptive:
+            return share
+        return self.rate if share is None else min(self.rate, share)
+
     def _refill(self, now: float) -> None:
         """The tokens the rate has added since they were last counted."""
-        assert self.rate is not None
-        self.tokens = min(float(self.limit.burst), self.tokens + (now - self.filled_at) * self.rate)
+        rate = self._rate()
+        assert rate is not None
+        burst = max(1.0, self.limit.burst / self.runners)
+        self.tokens = min(burst, self.tokens + (now - self.filled_at) * rate)
         self.filled_at = now
 
     def _held(self, now: float, after: float, jitter: random.Random) -> None:
@@ -237,7 +286,9 @@ class Pace:
             )
             hold = self.backoff / 2 + jitter.uniform(0, self.backoff / 2)
         self.last_busy = now
-        self.held_until = max(self.held_until, now + hold)
+        if now + hold > self.held_until:
+            self.held_until = now + hold
+            self.publish = True
         if self.limit.adaptive:
             # The rate that drew it: the one in force, or (none yet) the
             # one the starts of the last WINDOW ran at.
@@ -282,7 +333,7 @@ class Paces:
     per kind.
     """
 
-    __slots__ = ("_limits", "_paces", "_upstream", "jitter", "retry_wait")
+    __slots__ = ("_limits", "_paces", "_upstream", "fresh", "jitter", "retry_wait")
 
     def __init__(
         self,
@@ -296,9 +347,15 @@ class Paces:
         self._paces: dict[str, Pace] = {}
         self.retry_wait = retry_wait
         self.jitter = jitter
+        # A pace made, or a hold of its own, since the last sync: sync soon.
+        self.fresh = False
 
     def __iter__(self) -> Iterator[Pace]:
         return iter(list(self._paces.values()))
+
+    def get(self, name: str) -> Pace | None:
+        """The pace of upstream ``name``, if it has one yet."""
+        return self._paces.get(name)
 
     def of(self, target: Target, now: float) -> Pace | None:
         """The pace of ``target``'s upstream (None: it has none)."""
@@ -313,4 +370,5 @@ class Paces:
         if pace is None:
             limit = self._limits.get(name) or self._limits.get("*") or Limit()
             pace = self._paces[name] = Pace(name, limit, self.retry_wait, now)
+            self.fresh = True
         return pace

@@ -476,6 +476,7 @@ class Rotation(Generic[C]):
         if pace is not None:
             assert self.paces is not None
             pace.finish(now, answer, seconds, after, self.paces.jitter)
+            self.paces.fresh |= pace.publish
             self._schedule(pace, now)
 
     def upstreams(self, now: float) -> list[UpstreamState]:
@@ -486,6 +487,43 @@ class Rotation(Generic[C]):
             (pace.state(now, self._waiting_on(pace.name)) for pace in self.paces),
             key=lambda state: state.name,
         )
+
+    def wants(self, now: float) -> list[store.UpstreamWant]:
+        """What this runner wants of each upstream it paces that it fetches
+        from or waits on, or has a hold to tell of, for a sync."""
+        if self.paces is None:
+            return []
+        self.paces.fresh = False
+        wants = []
+        for pace in self.paces:
+            demand = self._waiting_on(pace.name) + pace.inflight
+            hold = pace.hold_to_publish(now)
+            if demand or hold:
+                wants.append(
+                    store.UpstreamWant(
+                        pace.name, demand, pace.limit.concurrency, pace.inflight, hold
+                    )
+                )
+        return wants
+
+    def shared(self, shares: Mapping[str, store.UpstreamShare], now: float, lapse: float) -> None:
+        """A sync at ``now`` said this runner's share of these upstreams:
+        jobs parked on them may start as it allows."""
+        if self.paces is None:
+            return
+        for pace in self.paces:
+            share = shares.get(pace.name)
+            if share is not None:
+                pace.shared(share, now, lapse)
+                self._schedule(pace, now)
+
+    def not_shared(self, wants: list[store.UpstreamWant]) -> None:
+        """A sync of ``wants`` failed: their holds are told at the next."""
+        assert self.paces is not None
+        for want in wants:
+            pace = self.paces.get(want.upstream)
+            if want.hold and pace is not None:
+                pace.publish = self.paces.fresh = True
 
     def _waiting_on(self, name: str) -> int:
         """How many live jobs are parked on upstream ``name``."""

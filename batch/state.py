@@ -78,7 +78,9 @@ class State(Generic[C]):
       record. Notified when a fetch's outcome joins ``finished``, and on
       close.
     - ``chores``: the keeper thread waits for its next beat. Notified when a
-      job starts (its ``running`` is to be stored), when room frees under
+      job starts (its ``running`` is to be stored), when an upstream is
+      paced for the first time or a busy answer holds one (the store's
+      other runners are to know), when room frees under
       ``Config.max_live``, when the store says jobs wait for a runner with
       room or that notices were lost (``keeper.on_notice``), and on close.
 
