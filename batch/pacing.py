@@ -111,6 +111,7 @@ class Pace:
         "rate",
         "retry_wait",
         "runners",
+        "share_rate",
         "share_until",
         "slots",
         "started",
@@ -143,11 +144,12 @@ class Pace:
         self.opened_at = -math.inf
         self.done = self.busy = self.failed = 0
         # Its share among the store's runners, from the last sync: how many
-        # want the upstream (the configured rate is divided among them), the
-        # slots it may use (None: no concurrency limit), and until when the
-        # share holds; a limited upstream starts nothing without one.
+        # want the upstream, the slots it may use and the starts a second
+        # (None: no such limit), and until when the share holds; a limited
+        # upstream starts nothing without one.
         self.runners = 1
         self.slots: int | None = None
+        self.share_rate: float | None = None
         self.share_until = -math.inf
         self.publish = False  # a hold of its own to tell the others at the next sync
 
@@ -176,6 +178,8 @@ class Pace:
         if rate is not None:
             self._refill(now)
             if self.tokens < 1:
+                if rate <= 0:
+                    return None  # no share of the rate yet: the next sync
                 later = max(later, (1 - self.tokens) / rate)
         return max(0.0, later)
 
@@ -234,6 +238,7 @@ class Pace:
         good for ``lapse`` seconds unless synced again."""
         self.runners = share.runners
         self.slots = share.slots
+        self.share_rate = share.rate
         self.held_until = max(self.held_until, now + share.held_for)
         self.share_until = now + lapse
 
@@ -254,10 +259,10 @@ class Pace:
         )
 
     def _rate(self) -> float | None:
-        """Starts a second in force: the configured rate divided among the
-        runners that want the upstream, or (adaptive) what the answers
-        taught, whichever is less; None: no rate."""
-        share = None if self.limit.rate is None else self.limit.rate / self.runners
+        """Starts a second in force: this runner's share of the configured
+        rate, or (adaptive) what the answers taught, whichever is less;
+        None: no rate."""
+        share = None if self.limit.rate is None else self.share_rate or 0.0
         if self.rate is None or not self.limit.adaptive:
             return share
         return self.rate if share is None else min(self.rate, share)

@@ -498,10 +498,14 @@ class Rotation(Generic[C]):
         for pace in self.paces:
             demand = self._waiting_on(pace.name) + pace.inflight
             hold = pace.hold_to_publish(now)
-            if demand or hold:
+            if demand or hold or pace.slots:
+                # Until the answer is in force, targets may start within the
+                # slots it has: the store keeps them for it meanwhile.
+                inflight = max(pace.inflight, pace.slots or 0)
+                limit = pace.limit
                 wants.append(
                     store.UpstreamWant(
-                        pace.name, demand, pace.limit.concurrency, pace.inflight, hold
+                        pace.name, demand, limit.concurrency, limit.rate, inflight, hold
                     )
                 )
         return wants

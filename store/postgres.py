@@ -335,6 +335,7 @@ UPGRADES: tuple[tuple[str, ...], ...] = (
             runner_id TEXT    COLLATE "C" NOT NULL,
             demand    INTEGER NOT NULL CHECK (demand >= 0),
             slots     INTEGER NOT NULL CHECK (slots >= 0),
+            rate      DOUBLE PRECISION NOT NULL CHECK (rate >= 0),
             seen_at   DOUBLE PRECISION NOT NULL,
             lapse     DOUBLE PRECISION NOT NULL,
             PRIMARY KEY (upstream, runner_id)

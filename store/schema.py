@@ -257,14 +257,16 @@ _BYTE_SLOTS = (
 
 _UPSTREAMS = (
     # Each runner's share of an upstream's limits (``store.upstreams``): how
-    # many of its jobs want it, the concurrency slots it holds, and when it
-    # last said so (a row unseen for its ``lapse`` counts for nothing).
+    # many of its jobs want it, the concurrency slots and the starts a second
+    # it holds, and when it last said so (a row unseen for its ``lapse``
+    # counts for nothing).
     """
     CREATE TABLE upstream_shares (
         upstream  TEXT    NOT NULL,
         runner_id TEXT    NOT NULL,
         demand    INTEGER NOT NULL CHECK (demand >= 0),
         slots     INTEGER NOT NULL CHECK (slots >= 0),
+        rate      REAL    NOT NULL CHECK (rate >= 0),
         seen_at   REAL    NOT NULL,
         lapse     REAL    NOT NULL,
         PRIMARY KEY (upstream, runner_id)

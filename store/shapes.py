@@ -152,14 +152,17 @@ class Beat:
 class UpstreamWant:
     """What a runner says of an upstream at each pace sync: ``demand``, how
     many of its jobs want it now (fetching from it, or waiting on it);
-    ``concurrency``, the configured most in flight at once across every
-    runner (None: no such limit); ``inflight``, how many of its targets are
-    being fetched; ``hold``, seconds from now a busy answer it had since
-    the last sync holds the upstream for (0: none)."""
+    ``concurrency`` and ``rate``, the configured most in flight at once and
+    starts a second across every runner (None: no such limit);
+    ``inflight``, how many of its targets may be in flight until the sync's
+    answer is in force (those being fetched, or its slots, if more); ``hold``,
+    seconds from now a busy answer it had since the last sync holds the
+    upstream for (0: none)."""
 
     upstream: str
     demand: int
     concurrency: int | None
+    rate: float | None
     inflight: int
     hold: float = 0.0
 
@@ -167,14 +170,14 @@ class UpstreamWant:
 @dataclass(frozen=True, slots=True)
 class UpstreamShare:
     """A runner's share of an upstream, until its next sync: ``runners``,
-    how many runners want it now (this one included, at least 1), by which
-    it divides the upstream's rate; ``slots``, how many of its targets it
-    may have in flight (None: no concurrency limit); ``held_for``, seconds
-    from now the upstream is held by a busy answer any runner had (0: not
-    held)."""
+    how many runners want it now (this one included, at least 1); ``slots``,
+    how many of its targets it may have in flight, and ``rate``, how many it
+    may start a second (None: no such limit); ``held_for``, seconds from now
+    the upstream is held by a busy answer any runner had (0: not held)."""
 
     runners: int
     slots: int | None
+    rate: float | None
     held_for: float
 
 

@@ -14,9 +14,13 @@ Guarantees (``docs/concurrency.md`` says how they hold, and within what):
    more of its targets in flight than its stored slots: a grant is made
    only of slots no other live runner holds, and a runner keeps, beyond
    its grant, the slots its fetches in flight use until they return.
-2. The slots are shared equally among the runners that want the upstream;
-   those left over when they do not divide go to each runner in turn (the
-   turn moves every ``lapse``), so none waits for ever.
+   Its rate likewise: the starts a second stored never sum past ``rate``,
+   and a runner starts no faster than its own.
+2. Slots and rate are shared equally among the runners that want the
+   upstream; slots left over when they do not divide go to each runner in
+   turn (the turn moves every ``lapse``), so none waits for ever. A share
+   another runner must give back first is granted once it has (at its
+   next sync): the newcomer waits for that, the limit is never exceeded.
 3. A hold any runner stores is seen by every runner at its next sync, and
    never shortened.
 4. A dead runner's rows count until they lapse, then not at all.
@@ -71,36 +75,41 @@ def sync(
         [(until, name) for name, until in longer.items()],
     )
     tx.execute(f"DELETE FROM upstream_shares WHERE {named} AND seen_at + lapse < ?", (*args, now))
-    others: dict[str, list[tuple[str, int, int]]] = {name: [] for name in names}
-    for name, other, demand, slots in tx.execute(
-        f"SELECT upstream, runner_id, demand, slots FROM upstream_shares"
+    others: dict[str, list[tuple[str, int, int, float]]] = {name: [] for name in names}
+    for name, other, demand, slots, rate in tx.execute(
+        f"SELECT upstream, runner_id, demand, slots, rate FROM upstream_shares"
         f" WHERE {named} AND runner_id != ?",
         (*args, runner_id),
     ):
-        others[name].append((other, demand, slots))
+        others[name].append((other, demand, slots, rate))
     shares: dict[str, UpstreamShare] = {}
     rows = []
     for want in wants:
         rivals = others[want.upstream]
         wanting = sorted(
-            [other for other, demand, _ in rivals if demand > 0]
+            [other for other, demand, _, _ in rivals if demand > 0]
             + ([runner_id] if want.demand > 0 else [])
         )
-        slots = None
-        kept = 0
+        slots = rate = None
+        kept, kept_rate = 0, 0.0
         if want.concurrency is not None:
-            free = max(0, want.concurrency - sum(used for _, _, used in rivals))
+            free = max(0, want.concurrency - sum(used for _, _, used, _ in rivals))
             slots = min(free, _fair(want.concurrency, wanting, runner_id, int(now // lapse)))
             kept = max(slots, want.inflight)
-        rows.append((want.upstream, runner_id, want.demand, kept, now, lapse))
+        if want.rate is not None:
+            free_rate = max(0.0, want.rate - sum(used for _, _, _, used in rivals))
+            fair_rate = want.rate / len(wanting) if runner_id in wanting else 0.0
+            rate = kept_rate = min(free_rate, fair_rate)
+        rows.append((want.upstream, runner_id, want.demand, kept, kept_rate, now, lapse))
         shares[want.upstream] = UpstreamShare(
-            max(1, len(wanting)), slots, max(0.0, held[want.upstream] - now)
+            max(1, len(wanting)), slots, rate, max(0.0, held[want.upstream] - now)
         )
     tx.executemany(
-        "INSERT INTO upstream_shares (upstream, runner_id, demand, slots, seen_at, lapse)"
-        " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (upstream, runner_id) DO UPDATE SET"
-        " demand = excluded.demand, slots = excluded.slots, seen_at = excluded.seen_at,"
-        " lapse = excluded.lapse",
+        "INSERT INTO upstream_shares"
+        " (upstream, runner_id, demand, slots, rate, seen_at, lapse)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (upstream, runner_id) DO UPDATE SET"
+        " demand = excluded.demand, slots = excluded.slots, rate = excluded.rate,"
+        " seen_at = excluded.seen_at, lapse = excluded.lapse",
         rows,
     )
     return shares

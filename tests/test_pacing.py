@@ -29,7 +29,7 @@ RETRY_WAIT = 1.0
 def pace(now: float = 0.0, **limit: object) -> Pace:
     """A pace alone on its store: its share is the whole upstream, for good."""
     p = Pace("https://example.org:443", Limit(**limit), RETRY_WAIT, now)  # type: ignore[arg-type]
-    p.shared(UpstreamShare(1, p.limit.concurrency, 0.0), now, math.inf)
+    p.shared(UpstreamShare(1, p.limit.concurrency, p.limit.rate, 0.0), now, math.inf)
     return p
 
 
@@ -239,16 +239,16 @@ def test_starts_never_exceed_the_bucket_nor_the_concurrency(
 def test_a_limited_upstream_starts_nothing_until_its_share_is_known() -> None:
     p = Pace("u", Limit(rate=10.0), RETRY_WAIT, 0.0)
     assert p.wait(0.0) is None
-    p.shared(UpstreamShare(runners=2, slots=None, held_for=0.0), 0.0, 5.0)
+    p.shared(UpstreamShare(runners=2, slots=None, rate=5.0, held_for=0.0), 0.0, 5.0)
     assert p.wait(0.0) == 0.0
     p.start(0.0)
-    assert p.wait(0.0) == pytest.approx(0.2)  # half the rate: two runners want it
+    assert p.wait(0.0) == pytest.approx(0.2)  # its share: half the rate
     assert p.wait(5.0) is None  # the share went stale: no sync for its lapse
 
 
 def test_the_slots_granted_bound_the_concurrency() -> None:
     p = Pace("u", Limit(concurrency=4), RETRY_WAIT, 0.0)
-    p.shared(UpstreamShare(runners=2, slots=1, held_for=3.0), 0.0, 5.0)
+    p.shared(UpstreamShare(runners=2, slots=1, rate=None, held_for=3.0), 0.0, 5.0)
     assert p.wait(0.0) == pytest.approx(3.0)  # held by another runner's busy answer
     p.start(3.0)
     assert p.wait(3.0) is None

@@ -20,8 +20,14 @@ UP = "https://example.org:443"
 LAPSE = 5.0
 
 
-def want(demand: int = 1, concurrency: int | None = 3, inflight: int = 0, hold: float = 0.0):  # type: ignore[no-untyped-def]
-    return [UpstreamWant(UP, demand, concurrency, inflight, hold)]
+def want(  # type: ignore[no-untyped-def]
+    demand: int = 1,
+    concurrency: int | None = 3,
+    inflight: int = 0,
+    hold: float = 0.0,
+    rate: float | None = None,
+):
+    return [UpstreamWant(UP, demand, concurrency, rate, inflight, hold)]
 
 
 def slots(db: store.Store, runner: str, **kw: object) -> int | None:
@@ -99,6 +105,18 @@ def test_a_hold_is_seen_by_every_runner_and_never_shortened(db: store.Store, clo
     assert db.sync_upstreams("a", LAPSE, want())[UP].held_for == pytest.approx(4.0)
     clock.tick(10)
     assert db.sync_upstreams("a", LAPSE, want())[UP].held_for == 0.0
+
+
+def test_the_rate_is_shared_and_never_granted_twice(db: store.Store, clock: Clock) -> None:
+    def rate(runner: str, demand: int = 1) -> float | None:
+        return db.sync_upstreams(runner, LAPSE, want(demand, None, rate=20.0))[UP].rate
+
+    assert rate("a") == 20.0
+    assert rate("b") == 0.0  # a holds it all until it syncs
+    assert rate("a") == 10.0
+    assert rate("b") == 10.0
+    assert rate("a", demand=0) == 0.0
+    assert rate("b") == 20.0
 
 
 def test_upstreams_no_longer_named_are_let_go(db: store.Store, clock: Clock) -> None:
