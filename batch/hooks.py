@@ -48,6 +48,14 @@ class Hooks:
         busy answer past ``retry_for`` is a stored failure instead
         (:meth:`target`)."""
 
+    def upstream_held(self, upstream: str, seconds: float) -> None:
+        """A busy answer (of this runner, or of another on the store, learned
+        at a sync) holds ``upstream`` for ``seconds``: none of its targets
+        starts meanwhile. Once per hold, however many answers extend it."""
+
+    def upstream_released(self, upstream: str) -> None:
+        """The hold of ``upstream`` is over: a target of it started again."""
+
     def ended(self, job_id: str, owner: str, status: JobStatus) -> None:
         """Job ``job_id`` of caller ``owner`` became terminal with ``status``:
         once per job, beside :meth:`job`, for hooks that want to know which."""

@@ -121,6 +121,7 @@ def _sync_upstreams(s: State[C]) -> None:
     trouble.ok()
     now = s.clock.monotonic()
     s.rotation.shared(shares, now, lapse)
+    s.upstreams_news()
     s.pass_on(now)  # jobs parked on them may start now
     due_in = s.rotation.next_retry_in(now)
     if due_in is not None:

@@ -101,6 +101,7 @@ class Pace:
         "fastest",
         "filled_at",
         "grown_at",
+        "held_said",
         "held_until",
         "inflight",
         "last_busy",
@@ -133,6 +134,7 @@ class Pace:
         self.tokens = float(limit.burst)
         self.filled_at = now
         self.held_until = -math.inf
+        self.held_said = False  # the hold in force was told to the hooks
         self.backoff = 0.0  # the last backoff a busy answer gave (0: none to remember)
         self.last_busy = -math.inf
         self.fastest = math.inf  # seconds of the fastest fetch lately
@@ -338,7 +340,7 @@ class Paces:
     per kind.
     """
 
-    __slots__ = ("_limits", "_paces", "_upstream", "fresh", "jitter", "retry_wait")
+    __slots__ = ("_limits", "_paces", "_upstream", "fresh", "jitter", "news", "retry_wait")
 
     def __init__(
         self,
@@ -354,6 +356,20 @@ class Paces:
         self.jitter = jitter
         # A pace made, or a hold of its own, since the last sync: sync soon.
         self.fresh = False
+        # Holds begun and ended, for the hooks, in order: (upstream, seconds
+        # held, or None once released).
+        self.news: list[tuple[str, float | None]] = []
+
+    def watch(self, pace: Pace, now: float) -> None:
+        """``pace`` may have been held, or released, at ``now``: say so once."""
+        held = pace.held_until > now
+        if held and not pace.held_said:
+            self.news.append((pace.name, pace.held_until - now))
+        elif not held and pace.held_said and pace.inflight:
+            self.news.append((pace.name, None))
+        else:
+            return
+        pace.held_said = held
 
     def __iter__(self) -> Iterator[Pace]:
         return iter(list(self._paces.values()))

@@ -449,9 +449,10 @@ class Rotation(Generic[C]):
             if self._timer_at.get(name) == when:
                 del self._timer_at[name]
                 self._release(name)
+        paces = self.paces
         while (job := self._ready.pop(self._live)) is not None:
-            pace = None if self.paces is None else self.paces.of(job.targets[job.next], now)
-            if pace is None:
+            pace = None if paces is None else paces.of(job.targets[job.next], now)
+            if paces is None or pace is None:
                 job.queued = False
                 return job
             wait = pace.wait(now)
@@ -459,6 +460,7 @@ class Rotation(Generic[C]):
                 job.queued = False
                 job.paced(pace)
                 pace.start(now)
+                paces.watch(pace, now)
                 self._schedule(pace, now)
                 return job
             self._parked.setdefault(pace.name, _Ring()).push(job.order, job.id)
@@ -477,6 +479,7 @@ class Rotation(Generic[C]):
             assert self.paces is not None
             pace.finish(now, answer, seconds, after, self.paces.jitter)
             self.paces.fresh |= pace.publish
+            self.paces.watch(pace, now)
             self._schedule(pace, now)
 
     def upstreams(self, now: float) -> list[UpstreamState]:
@@ -519,6 +522,7 @@ class Rotation(Generic[C]):
             share = shares.get(pace.name)
             if share is not None:
                 pace.shared(share, now, lapse)
+                self.paces.watch(pace, now)
                 self._schedule(pace, now)
 
     def not_shared(self, wants: list[store.UpstreamWant]) -> None:

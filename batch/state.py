@@ -197,6 +197,18 @@ class State(Generic[C]):
         self.counts.stored += 1
         call_hook(self.hooks.target, err, seconds, nbytes)
 
+    def upstreams_news(self) -> None:
+        """Tell the hooks of the upstreams held or released since last told."""
+        paces = self.rotation.paces
+        if paces is None or not paces.news:
+            return
+        news, paces.news = paces.news, []
+        for upstream, held_for in news:
+            if held_for is None:
+                call_hook(self.hooks.upstream_released, upstream)
+            else:
+                call_hook(self.hooks.upstream_held, upstream, held_for)
+
     def retrying(self, err: BaseException, wait: float) -> None:
         """A busy target will be tried again in ``wait`` seconds."""
         self.counts.retries += 1

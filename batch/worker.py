@@ -76,8 +76,10 @@ def take(s: State[C]) -> LiveJob[C] | None:
     now = s.clock.monotonic()
     job = None if now >= s.valid_until else s.rotation.pick(now)
     paces = s.rotation.paces
-    if paces is not None and paces.fresh:
-        s.chores.notify()  # an upstream the store's runners share: sync it
+    if paces is not None:
+        s.upstreams_news()
+        if paces.fresh:
+            s.chores.notify()  # an upstream the store's runners share: sync it
     if job is None:
         return None  # the caller sleeps, on the earliest time a job may start
     if paces is not None:

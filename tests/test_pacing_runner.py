@@ -89,10 +89,18 @@ def test_a_busy_answer_holds_every_target_of_its_upstream_and_no_other(
         return log.fetch(ctx, caller, target)
 
     class Busy(batch.Hooks):
-        seen = threading.Event()
+        def __init__(self) -> None:
+            self.seen = threading.Event()
+            self.told: list[tuple[str, float | None]] = []
 
         def retry(self, err: BaseException, wait: float) -> None:
             self.seen.set()
+
+        def upstream_held(self, upstream: str, seconds: float) -> None:
+            self.told.append((upstream, seconds))
+
+        def upstream_released(self, upstream: str) -> None:
+            self.told.append((upstream, None))
 
     hooks = Busy()
     with runner(db, fetch, hooks, workers=2, upstream=host) as r:
@@ -109,6 +117,10 @@ def test_a_busy_answer_holds_every_target_of_its_upstream_and_no_other(
             assert r.wait(ALICE, job_id, timeout=TIMEOUT).status == batch.JobStatus.DONE
     assert log.starts["h1/second"][0] >= raised[0] + after
     assert log.starts["h2/other"][0] < log.starts["h1/second"][0]
+    # The hooks heard of the hold once, and of its end once.
+    [(name, held_for), released] = hooks.told
+    assert name == "h1" and 0 < held_for <= after
+    assert released == ("h1", None)
 
 
 def _upstream(r: batch.Runner[Any], name: str) -> batch.UpstreamState:
