@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from enum import StrEnum
@@ -243,6 +244,36 @@ class Pace:
         self.share_rate = share.rate
         self.held_until = max(self.held_until, now + share.held_for)
         self.share_until = now + lapse
+
+    def why(self, now: float) -> str:
+        """What keeps a target of it from starting at ``now``: ``held`` (a
+        busy answer), ``breaker``, ``share`` (no share of the store's yet),
+        ``concurrency`` (as many in flight as allowed), ``rate``, or
+        ``free`` (nothing: its turn is coming)."""
+        if self.breaker is not BreakerState.CLOSED and (
+            self.breaker is BreakerState.TRIAL or now < self.opened_at + self.limit.cool_down
+        ):
+            return "breaker"
+        if self.held_until > now:
+            return "held"
+        if self.limited and now >= self.share_until:
+            return "share"
+        cap = [c for c in (self.concurrency, self.slots) if c is not None]
+        if cap and self.inflight >= math.floor(min(cap)):
+            return "concurrency"
+        return "rate" if self.wait(now) else "free"
+
+    def explain(self, now: float) -> dict[str, object]:
+        """Where it stands at ``now``, for ``Runner.explain``."""
+        state = self.state(now, 0)
+        return {
+            "upstream": self.name,
+            "held_until": time.time() + state.held_for if state.held_for else None,
+            "inflight": self.inflight,
+            "concurrency": self.slots if self.slots is not None else self.concurrency,
+            "rate": self._rate(),
+            "breaker": state.breaker,
+        }
 
     def state(self, now: float, waiting: int) -> UpstreamState:
         """What users see of it at ``now``, with ``waiting`` jobs parked on it."""

@@ -57,6 +57,7 @@ class LiveJob(Generic[C]):
         "order",
         "owner",
         "pace",
+        "parked",
         "queued",
         "retry_at",
         "running",
@@ -93,6 +94,7 @@ class LiveJob(Generic[C]):
         self.order = -1  # its place in submit order, set by Rotation.add
         self.queued = False  # waiting in the rotation for its turn
         self.pace: Pace | None = None  # the upstream of its target in flight, if paced
+        self.parked: Pace | None = None  # the upstream it waits on, if parked
 
     @property
     def halted(self) -> bool:
@@ -463,6 +465,7 @@ class Rotation(Generic[C]):
                 paces.watch(pace, now)
                 self._schedule(pace, now)
                 return job
+            job.parked = pace
             self._parked.setdefault(pace.name, _Ring()).push(job.order, job.id)
             if wait is not None:
                 self._timer(pace.name, now + wait)
@@ -481,6 +484,19 @@ class Rotation(Generic[C]):
             self.paces.fresh |= pace.publish
             self.paces.watch(pace, now)
             self._schedule(pace, now)
+
+    def explain(self, job: LiveJob[C], now: float) -> dict[str, object]:
+        """Why ``job`` is not fetching at ``now``, if it is not."""
+        if job.running:
+            return {"state": "fetching", "target": job.next}
+        if job.halted:
+            return {"state": "stopping"}
+        if job.parked is not None:
+            pace = job.parked
+            return {"state": "upstream", "why": pace.why(now), **pace.explain(now)}
+        if job.retry_at > now:
+            return {"state": "retry", "retry_in": job.retry_at - now, "target": job.next}
+        return {"state": "ready", "target": job.next}
 
     def upstreams(self, now: float) -> list[UpstreamState]:
         """Each upstream paced so far, by name, as it stands at ``now``."""
@@ -561,6 +577,7 @@ class Rotation(Generic[C]):
         ring = self._parked[name]
         job = _take(ring, self._live)
         if job is not None:
+            job.parked = None
             self._ready.push(job)
         if not ring:
             del self._parked[name]

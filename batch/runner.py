@@ -82,6 +82,7 @@ class Runner(Generic[C]):
     - ``wait``, ``as_completed``, ``wait_async``: ``JobNotFound``,
       ``RunnerClosed``, ``TimeoutError``;
     - ``requeue_failed``: ``InvalidJob``, ``JobNotFound``, ``RunnerClosed``;
+    - ``explain``: ``JobNotFound``;
     - ``upstreams``: nothing;
     - ``close``: ``TimeoutError``.
     """
@@ -371,6 +372,29 @@ class Runner(Generic[C]):
                 retries=s.counts.retries,
                 ended=dict(s.counts.ended),
             )
+
+    def explain(self, caller: C, job_id: str) -> dict[str, object]:
+        """Why the job is not fetching now: ``status`` as stored and
+        ``state``: ``ended``; ``fetching`` (its ``target`` in flight);
+        ``ready`` (its turn is coming); ``retry`` (its target came back
+        busy: ``retry_in`` seconds); ``upstream`` (its next target's
+        upstream may not start one: ``why`` it is ``held``, its
+        ``breaker`` open, at its ``concurrency`` or ``rate``, or waiting
+        for its ``share`` of the store's limits; with ``upstream``,
+        ``held_until``, ``inflight``, ``concurrency``, ``rate``,
+        ``breaker``); ``stopping`` (cancelled, its target in flight
+        finishing); ``elsewhere`` (another runner, or none yet, holds it).
+        Raises ``JobNotFound`` like :meth:`status`."""
+        job = self.status(caller, job_id)
+        out: dict[str, object] = {"id": job.id, "status": job.status}
+        if job.terminal:
+            return {**out, "state": "ended"}
+        s = self._s
+        with s.lock:
+            live = s.rotation.get(job.id)
+            if live is None:
+                return {**out, "state": "elsewhere"}
+            return {**out, **s.rotation.explain(live, s.clock.monotonic())}
 
     def upstreams(self) -> list[UpstreamState]:
         """Each upstream this runner has paced (``Config.upstream``), by

@@ -113,8 +113,12 @@ def test_a_busy_answer_holds_every_target_of_its_upstream_and_no_other(
         h1 = _upstream(r, "h1")
         assert 0 < h1.held_for <= after
         assert (h1.busy, h1.inflight, h1.breaker) == (1, 0, "closed")
+        why = r.explain(ALICE, held)
+        assert (why["state"], why["why"], why["upstream"]) == ("upstream", "held", "h1")
+        assert why["held_until"] is not None
         for job_id in (first, held, other):
             assert r.wait(ALICE, job_id, timeout=TIMEOUT).status == batch.JobStatus.DONE
+        assert r.explain(ALICE, held)["state"] == "ended"
     assert log.starts["h1/second"][0] >= raised[0] + after
     assert log.starts["h2/other"][0] < log.starts["h1/second"][0]
     # The hooks heard of the hold once, and of its end once.
