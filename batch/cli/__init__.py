@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import math
 import os
 import re
 import sys
@@ -67,7 +68,7 @@ from store.console import (
 
 from .. import web
 from ..errors import InvalidJob, JobNotFound
-from ..model import Config, Target
+from ..model import Config, Limit, Target
 from ..states import LIVE_JOB, JobStatus, TargetState
 from ..waits import WAIT_POLL
 from . import demo
@@ -137,12 +138,15 @@ def _requeue(args: argparse.Namespace) -> Output:
 def _run_urls(args: argparse.Namespace, jobs: list[tuple[str, list[str]]]) -> Output:
     """Run ``jobs`` (name, URLs) to their end, showing them; the summary
     after, or each target as a JSON line while they run."""
+    limit = Limit(concurrency=args.concurrency, rate=args.rate, adaptive=args.adaptive)
     config = Config(
         workers=args.workers,
         retry_wait=args.retry_wait,
         retry_for=args.retry_for,
         max_bytes=args.max_bytes,
         max_targets=max(Config().max_targets, *(len(refs) for _, refs in jobs)),
+        upstream=web.host_of,
+        limits={"*": limit},
     )
     fetch = web.Fetcher(timeout=args.timeout, save_dir=_save_dir(args.save))
     out = sys.stderr if args.json else sys.stdout
@@ -553,6 +557,34 @@ def _fetch_options(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help=f"longest wait to connect, or for more of an answer (default: {web.TIMEOUT:g})",
     )
+    pacing = p.add_argument_group(
+        "pacing, per host, shared by every runner on the store",
+        "A busy answer (429, 503) holds its host for its Retry-After, or a growing backoff.",
+    )
+    pacing.add_argument(
+        "--rate", type=_rate, metavar="N/s", help="most requests a second to one host (e.g. 20/s)"
+    )
+    pacing.add_argument(
+        "--concurrency", type=count, metavar="N", help="most requests at once to one host"
+    )
+    pacing.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="learn each host's pace from its answers (under --rate and --concurrency if given)",
+    )
+
+
+def _rate(text: str) -> float:
+    """A rate: ``20/s``, ``20``, ``120/m`` or ``3600/h``, in starts a second."""
+    number, _, per = text.strip().partition("/")
+    seconds = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}.get(per.strip().lower())
+    try:
+        value = float(number)
+    except ValueError:
+        value = math.nan
+    if seconds is None or not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"not a rate: {text!r} (say 20/s, 120/m or 3600/h)")
+    return value / seconds
 
 
 def _positive_seconds(text: str) -> float:
