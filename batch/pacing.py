@@ -50,14 +50,26 @@ BACKOFF_MAX = 60.0
 QUIET_SPELL = 4.0
 #: The least rate an adaptive upstream is cut to (starts a second).
 MIN_RATE = 0.1
-#: At a busy answer, an adaptive rate is cut to this share of the rate that
-#: drew it; an adaptive concurrency to this share of what was in flight.
-CUT = 0.8
-#: An adaptive rate below the one that last drew a busy answer regains this
-#: share of the gap each second without a busy answer; within ``PROBE`` of
-#: it or past it, it probes this share of itself higher each second.
-REGAIN = 0.25
-PROBE = 0.02
+#: The adaptive rate. At the first busy answer the upstream gets a rate,
+#: ``CUT`` of the one it was answered at, which then doubles each second
+#: without a busy answer: the upstream's own rate is not known yet. From the
+#: next busy answer on, the rate that drew one is the upstream's ``ceiling``
+#: (the least of them lately): the rate falls to ``CUT`` of it and climbs back
+#: to ``BELOW`` of it (``REGAIN`` of the gap a second); only after
+#: ``QUIET_PROBE`` seconds without a busy answer does it probe higher
+#: (``PROBE`` of itself a second), lifting the ceiling with it. Every busy
+#: answer costs the upstream's whole hold, so the rate stays just under.
+CUT = 0.9
+BELOW = 0.92
+REGAIN = 1.0
+QUIET_PROBE = 20.0
+PROBE = 0.01
+#: A busy answer within this many seconds of the last one lowers the
+#: ceiling below the rate that drew it (``CUT`` of it).
+AGAIN = 5.0
+#: At a busy answer, an adaptive concurrency is cut to this share of what
+#: was in flight (at least one).
+HALVE = 0.5
 #: Seconds of starts an adaptive upstream counts to know the rate it runs at.
 WINDOW = 1.0
 #: A fetch slower than this many times the fastest of its upstream lately
@@ -117,6 +129,7 @@ class Pace:
         "share_until",
         "slots",
         "started",
+        "steady",
         "tokens",
     )
 
@@ -130,8 +143,10 @@ class Pace:
         self.rate: float | None = limit.rate
         if limit.adaptive and self.concurrency is None:
             self.concurrency = 1.0  # grows from one at a time
-        # The rate that last drew a busy answer (adaptive), or None.
+        # Adaptive: the least rate that drew a busy answer lately (None: not
+        # known yet), and whether it is known (else the rate doubles).
         self.ceiling: float | None = None
+        self.steady = False
         self.tokens = float(limit.burst)
         self.filled_at = now
         self.held_until = -math.inf
@@ -323,25 +338,38 @@ class Pace:
                 else min(self.backoff * BACKOFF_FACTOR, BACKOFF_MAX)
             )
             hold = self.backoff / 2 + jitter.uniform(0, self.backoff / 2)
-        self.last_busy = now
+        quiet_for, self.last_busy = now - self.last_busy, now
+        held = self.held_until > now  # by an answer of the same burst: cut once
         if now + hold > self.held_until:
             self.held_until = now + hold
             self.publish = True
-        if self.limit.adaptive:
-            # The rate that drew it: the one in force, or (none yet) the
-            # one the starts of the last WINDOW ran at.
-            drew = self.rate if self.rate is not None else len(self.started) / WINDOW
-            self.ceiling = max(MIN_RATE, drew)
-            self.rate = max(MIN_RATE, self.ceiling * CUT)
-            self.tokens, self.filled_at, self.grown_at = min(self.tokens, 0.0), now, now
-            assert self.concurrency is not None
-            self.concurrency = max(1.0, (self.inflight + 1) * CUT)
+        if self.limit.adaptive and not held:
+            self._cut(now, quiet_for)
+
+    def _cut(self, now: float, quiet_for: float) -> None:
+        """A busy answer to an adaptive upstream: cut its rate and
+        concurrency (see ``CUT``)."""
+        # The rate that drew it: the one in force, or (none yet) the one the
+        # starts of the last WINDOW ran at.
+        enforced = self._rate() if self.rate is not None else None
+        drew = max(MIN_RATE, len(self.started) / WINDOW if enforced is None else enforced)
+        if self.rate is None:
+            self.rate = max(MIN_RATE, drew * CUT)
+        else:
+            if self.steady and self.ceiling is not None:
+                drew = min(self.ceiling, drew)
+                if quiet_for < AGAIN:
+                    drew *= CUT  # busy again soon after: the ceiling is too high
+            self.ceiling, self.steady = drew, True
+            self.rate = max(MIN_RATE, drew * CUT)
+        self.tokens, self.filled_at, self.grown_at = min(self.tokens, 0.0), now, now
+        assert self.concurrency is not None
+        self.concurrency = max(1.0, (self.inflight + 1) * HALVE)
 
     def _learn(self, now: float, seconds: float) -> None:
         """An answer that was not busy: an adaptive upstream's limits grow,
         the concurrency by one per window of answers while fetches stay
-        fast, the rate back toward (then past) the one that last drew a
-        busy answer."""
+        fast, the rate as ``CUT`` says."""
         self.fastest = min(self.fastest, seconds)
         assert self.concurrency is not None
         most = self.limit.concurrency
@@ -350,14 +378,16 @@ class Pace:
             self.concurrency = grown if most is None else min(float(most), grown)
         elif self.concurrency > 1:
             self.concurrency = max(1.0, self.concurrency - 1 / self.concurrency)
-        if self.rate is not None and self.ceiling is not None:
-            per_second = (
-                (self.ceiling - self.rate) * REGAIN
-                if self.rate < self.ceiling * (1 - PROBE)
-                else self.rate * PROBE
-            )
-            grown = self.rate + per_second * min(1.0, now - self.grown_at)
+        if self.rate is not None:
+            step = min(1.0, now - self.grown_at)
             self.grown_at = now
+            if not self.steady or self.ceiling is None:
+                grown = self.rate * 2**step
+            elif now - self.last_busy < QUIET_PROBE:
+                grown = self.rate + max(0.0, self.ceiling * BELOW - self.rate) * REGAIN * step
+            else:
+                grown = self.rate * (1 + PROBE * step)
+                self.ceiling = max(self.ceiling, grown / BELOW)
             self.rate = grown if self.limit.rate is None else min(self.limit.rate, grown)
 
 

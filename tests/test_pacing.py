@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from batch import Limit
 from batch.pacing import (
     BACKOFF_MAX,
+    BELOW,
     CUT,
+    HALVE,
     MIN_RATE,
     QUIET_SPELL,
     Answer,
@@ -134,7 +136,7 @@ def test_a_success_between_failures_keeps_the_breaker_closed() -> None:
     assert p.breaker is BreakerState.CLOSED
 
 
-def test_adaptive_learns_a_rate_from_the_first_busy_answer_and_stays_below_it() -> None:
+def test_adaptive_learns_a_rate_from_the_busy_answers_and_stays_below_it() -> None:
     p = pace(adaptive=True)
     now = 0.0
     for _ in range(50):  # 50 starts in the last second, one at a time
@@ -144,15 +146,25 @@ def test_adaptive_learns_a_rate_from_the_first_busy_answer_and_stays_below_it() 
     assert p.rate is None
     p.start(now)
     finish(p, now, Answer.BUSY, after=1.0)
-    assert p.ceiling == pytest.approx(50.0)
     assert p.rate == pytest.approx(50.0 * CUT)
-    # Quiet answers bring it back toward the ceiling, not past it at first.
+    assert p.ceiling is None  # not the upstream's rate yet: it doubles meanwhile
     now += 1.0
-    for _ in range(20):
+    p.start(now)
+    finish(p, now, Answer.DONE)
+    assert p.rate == pytest.approx(2 * 50.0 * CUT)
+    # The next busy answer sets the ceiling: the rate that drew it.
+    p.start(now)
+    finish(p, now, Answer.BUSY, after=1.0)
+    assert p.ceiling == pytest.approx(2 * 50.0 * CUT)
+    # Another answer of the same burst, while held, cuts nothing more.
+    finish(p, now, Answer.BUSY, after=1.0)
+    assert p.rate == pytest.approx(p.ceiling * CUT)
+    # Quiet answers bring it back just under the ceiling, not past it.
+    for _ in range(200):
         now += 0.05
         p.start(now)
         finish(p, now, Answer.DONE)
-    assert p.rate is not None and 50.0 * CUT < p.rate < 50.0
+    assert p.rate == pytest.approx(p.ceiling * BELOW, rel=0.01)
 
 
 def test_adaptive_never_goes_above_what_is_configured() -> None:
@@ -177,7 +189,7 @@ def test_adaptive_cuts_concurrency_at_a_busy_answer() -> None:
     for _ in range(8):
         p.start(now)
     finish(p, now, Answer.BUSY)
-    assert p.concurrency == pytest.approx(max(1.0, 8 * CUT))
+    assert p.concurrency == pytest.approx(max(1.0, 8 * HALVE))
     assert p.rate is not None and p.rate >= MIN_RATE
 
 
