@@ -30,6 +30,7 @@ from .shapes import (
     TargetOutcome,
     TargetRow,
     UpstreamShare,
+    UpstreamView,
     UpstreamWant,
 )
 from .states import JobStatus, RunState, StepState, TargetState, ended_status
@@ -65,6 +66,7 @@ __all__ = [
     "TargetState",
     "Unsatisfiable",
     "UpstreamShare",
+    "UpstreamView",
     "UpstreamWant",
     "__version__",
     "ended_status",

@@ -28,6 +28,7 @@ __all__ = [
     "TargetOutcome",
     "TargetRow",
     "UpstreamShare",
+    "UpstreamView",
     "UpstreamWant",
 ]
 
@@ -179,6 +180,22 @@ class UpstreamShare:
     slots: int | None
     rate: float | None
     held_for: float
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamView:
+    """An upstream as the store has it (``Store.upstreams``): ``held_for``,
+    seconds from now a busy answer holds it (0: not held); of the live
+    runners' rows, how many ``runners`` want it, how many of their jobs
+    (``demand``), and the ``slots`` and starts a second (``rate``) they
+    hold between them."""
+
+    name: str
+    held_for: float
+    runners: int
+    demand: int
+    slots: int
+    rate: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from .shapes import (
     TargetOutcome,
     TargetRow,
     UpstreamShare,
+    UpstreamView,
     UpstreamWant,
 )
 from .sqlite import SQLiteDatabase
@@ -344,6 +345,11 @@ class Store:
         holds its busy answers put on them; return its share of each until
         its next sync (see ``upstreams``). Rows last ``lapse`` seconds."""
         return self._db.write(lambda tx: upstreams.sync(tx, runner_id, lapse, wants), fenced=True)
+
+    def upstreams(self) -> list[UpstreamView]:
+        """Every upstream a busy answer holds now, or a live runner wants,
+        by name, with the shares the runners hold."""
+        return self._db.read(upstreams.view)
 
     def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
         """Call ``callback(notice)`` on a thread of the store's for each

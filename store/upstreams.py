@@ -35,9 +35,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .db import Tx, in_list
-from .shapes import UpstreamShare, UpstreamWant
+from .shapes import UpstreamShare, UpstreamView, UpstreamWant
 
-__all__ = ["forget", "sync"]
+__all__ = ["forget", "sync", "view"]
 
 
 def sync(
@@ -113,6 +113,25 @@ def sync(
         rows,
     )
     return shares
+
+
+def view(tx: Tx) -> list[UpstreamView]:
+    """Every upstream held now or wanted by a live runner, by name."""
+    now = tx.now
+    rows = tx.execute(
+        "SELECT h.upstream, h.held_until,"
+        " count(s.runner_id), coalesce(sum(s.demand), 0), coalesce(sum(s.slots), 0),"
+        " coalesce(sum(s.rate), 0)"
+        " FROM upstream_holds h LEFT JOIN upstream_shares s"
+        " ON s.upstream = h.upstream AND s.seen_at + s.lapse >= ? AND s.demand > 0"
+        " GROUP BY h.upstream, h.held_until ORDER BY h.upstream",
+        (now,),
+    )
+    return [
+        UpstreamView(name, max(0.0, held_until - now), runners, demand, slots, float(rate))
+        for name, held_until, runners, demand, slots, rate in rows
+        if held_until > now or runners
+    ]
 
 
 def forget(tx: Tx, runner_id: str) -> None:

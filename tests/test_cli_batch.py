@@ -657,3 +657,20 @@ def test_ctrl_c_on_a_terminal_leaves_the_board_and_the_message_on_screen(
     assert lines[said].startswith("batch: interrupted: cancelled 1 job(s)"), lines
     assert "127.0.0.1" in lines[said - 1] and "cancelled" in lines[said - 1], lines
     assert lines[-1] == "EXIT=130", lines
+
+
+def test_upstreams_and_explain_say_why_a_job_waits_on_its_host(tmp_path: Path) -> None:
+    """A job whose next URL's host a busy answer holds is explained so, and
+    the host is listed with its hold."""
+    db_path = tmp_path / "jobs.sqlite3"
+    with store.open(db_path) as db:
+        db.create_jobs("me", [("j1", ["http://example.org/a"])], "runner-1", lease_for=60)
+        db.sync_upstreams(
+            "runner-1", 60, [store.UpstreamWant("http://example.org:80", 1, None, None, 0, 30.0)]
+        )
+    listed = cli("upstreams", "--db", db_path)
+    assert listed.returncode == 0, listed
+    assert re.search(r"^http://example\.org:80\s+(29|30)s\s+1\s+1\s", listed.stdout, re.M), listed
+    why = cli("explain", "j1", "--db", db_path)
+    assert why.returncode == 0, why
+    assert "held for" in why.stdout and "http://example.org:80" in why.stdout, why.stdout

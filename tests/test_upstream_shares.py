@@ -167,3 +167,14 @@ def test_fetches_in_flight_never_sum_past_the_concurrency(
                 inflight[runner] = max(inflight[runner], min(granted, demand))
             live = [r for r in inflight if clock.time() - seen[r] <= LAPSE]
             assert sum(inflight[r] for r in live) <= concurrency
+
+
+def test_the_store_lists_what_is_held_or_wanted(db: store.Store, clock: Clock) -> None:
+    db.sync_upstreams("a", LAPSE, want(concurrency=2, hold=30.0))
+    db.sync_upstreams("b", LAPSE, [UpstreamWant("other", 2, None, 5.0, 0)])
+    clock.tick(2)
+    views = {v.name: v for v in db.upstreams()}
+    assert views[UP].held_for == pytest.approx(28.0)
+    assert (views["other"].runners, views["other"].demand, views["other"].rate) == (1, 2, 5.0)
+    clock.tick(30)  # a's and b's rows lapsed, and the hold is over
+    assert db.upstreams() == []

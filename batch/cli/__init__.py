@@ -32,6 +32,7 @@ then stays pending, for the next runner). A reader that goes away (``fetch
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import getpass
 import json
 import math
@@ -58,6 +59,7 @@ from store.console import (
     add_version,
     bytes_size,
     count,
+    duration,
     moment,
     run,
     seconds,
@@ -379,6 +381,48 @@ def _cancel(args: argparse.Namespace) -> Output:
     )
 
 
+def _upstreams(args: argparse.Namespace) -> Output:
+    """The upstreams paced now: held by a busy answer, or wanted by a runner."""
+    with store.open(args.db, readonly=True) as db:
+        views = db.upstreams()
+    rows = [
+        (v.name, duration(v.held_for), v.runners, v.demand, v.slots, f"{v.rate:g}/s") for v in views
+    ]
+    return Output(
+        [dataclasses.asdict(v) for v in views],
+        table(("upstream", "held for", "runners", "jobs", "slots", "rate"), rows, empty="none"),
+    )
+
+
+def _explain(args: argparse.Namespace) -> Output:
+    """Why JOB is not fetching: its status, who runs it, its next URL's host."""
+    with store.open(args.db, readonly=True) as db:
+        job = _find(db, args.job)
+        views = {v.name: v for v in db.upstreams()}
+    pending = next((t for t in job.targets if t.status == TargetState.PENDING), None)
+    host = None if pending is None else web.host_of(Target(pending.ref))
+    view = views.get(host) if host else None
+    data: dict[str, Any] = {
+        "id": job.id,
+        "status": job.status,
+        "runner": job.runner_id,
+        "next": None if pending is None else pending.ref,
+        "upstream": host,
+        "held_for": view.held_for if view else 0.0,
+    }
+    if job.status not in LIVE_JOB:
+        why = f"it ended {job.status}"
+    elif job.runner_id is None:
+        why = "no runner holds it yet: it waits for one with room"
+    elif view is not None and view.held_for > 0:
+        why = f"its next URL's host {host} is held for {duration(view.held_for)} by a busy answer"
+    elif view is not None and view.runners:
+        why = f"its host {host} is shared by {view.runners} runner(s), {view.demand} job(s) want it"
+    else:
+        why = f"runner {job.runner_id} runs it"
+    return Output(data, f"job {job.id[:SHORT_ID]} is {job.status}: {why}")
+
+
 def _find(db: store.Store, given: str) -> store.JobRow:
     """The job whose id is ``given``, or the one job whose id starts with it."""
     prefix = given.strip().lower()
@@ -516,6 +560,10 @@ def build_parser(prog: str = "python -m batch") -> Parser:
     for name, handler in (("status", _status), ("targets", _targets), ("cancel", _cancel)):
         p = add(name, handler, parents=[as_json])
         p.add_argument("job", metavar="JOB", help="a job id, or a unique prefix of one")
+
+    add("upstreams", _upstreams, parents=[as_json])
+    p = add("explain", _explain, parents=[as_json])
+    p.add_argument("job", metavar="JOB", help="a job id, or a unique prefix of one")
 
     p = add("wait", _wait, parents=[as_json])
     p.add_argument("job", metavar="JOB", help="a job id, or a unique prefix of one")
