@@ -44,6 +44,7 @@ import email.utils
 import errno
 import hashlib
 import http.client
+import math
 import os
 import re
 import secrets
@@ -65,10 +66,12 @@ from .model import Target
 __all__ = [
     "SCHEMES",
     "Fetcher",
+    "crawl_delay",
     "error_for_status",
     "fetch_url",
     "host_of",
     "retry_after",
+    "robots_delay",
     "safe_name",
 ]
 
@@ -227,6 +230,47 @@ def host_of(target: Target) -> str | None:
         return None
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return f"{scheme}://{host}:{port or DEFAULT_PORTS[scheme]}"
+
+
+def crawl_delay(upstream: str, timeout: float = TIMEOUT) -> float | None:
+    """The ``Crawl-delay`` the ``robots.txt`` of ``upstream`` (as
+    :func:`host_of` names it) asks of this agent (or of every agent), in
+    seconds; None if it asks none, or cannot be read."""
+    request = urllib.request.Request(f"{upstream}/robots.txt", headers={"User-Agent": USER_AGENT})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            text = response.read(1 << 20).decode("utf-8", "replace")
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+    return robots_delay(text, USER_AGENT.split("/", 1)[0])
+
+
+def robots_delay(text: str, agent: str) -> float | None:
+    """The ``Crawl-delay`` a ``robots.txt`` asks of ``agent``: the group
+    naming it (by a case-blind prefix), else the ``*`` group; seconds,
+    fractions allowed (the standard library's parser takes whole seconds
+    only); None if none."""
+    delays: dict[str, float] = {}
+    agents: list[str] = []
+    in_rules = False
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        name, _, value = line.partition(":")
+        name, value = name.strip().lower(), value.strip()
+        if name == "user-agent":
+            if in_rules:
+                agents, in_rules = [], False
+            agents.append(value.lower())
+        elif name in ("crawl-delay", "allow", "disallow"):
+            in_rules = True
+            if name == "crawl-delay":
+                with contextlib.suppress(ValueError):
+                    if math.isfinite(delay := float(value)) and delay > 0:
+                        for who in agents:
+                            delays.setdefault(who, delay)
+    mine = agent.lower()
+    named = [d for who, d in delays.items() if who != "*" and mine.startswith(who)]
+    return named[0] if named else delays.get("*")
 
 
 def retry_after(value: str | None, now: float | None = None) -> float | None:

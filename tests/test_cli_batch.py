@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
@@ -28,6 +29,8 @@ pytestmark = pytest.mark.timeout(60)
 
 REPO = Path(__file__).resolve().parent.parent
 WAIT = 30.0
+#: The Crawl-delay the test server's robots.txt asks of "localhost".
+CRAWL_DELAY = 0.2
 #: The columns of the table ``demo`` and ``fetch`` end with.
 SUMMARY = ["job", "name", "caller", "status", "done", "failed", "pending", "seconds", "retries"]
 
@@ -46,6 +49,7 @@ class Upstream(ThreadingHTTPServer):
         self.release = threading.Event()
         self._lock = threading.Lock()
         self._asked: Counter[str] = Counter()
+        self.arrivals: list[float] = []  # time.monotonic() of each request
 
     def url(self, path: str, host: str = "127.0.0.1") -> str:
         return f"http://{host}:{self.server_port}{path}"
@@ -57,6 +61,7 @@ class Upstream(ThreadingHTTPServer):
 
     def note(self, path: str) -> int:
         with self._lock:
+            self.arrivals.append(time.monotonic())
             self._asked[path] += 1
             return self._asked[path]
 
@@ -68,6 +73,13 @@ class _Handler(BaseHTTPRequestHandler):
         path = urllib.parse.urlsplit(self.path).path
         times = self.server.note(path)
         headers = {}
+        if path == "/robots.txt" and self.headers.get("Host", "").startswith("localhost"):
+            body = f"User-agent: *\nCrawl-delay: {CRAWL_DELAY}\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if path.startswith("/busy/") and times == 1:
             status, headers = 429, {"Retry-After": "0"}
         elif path in ("/missing", "/broken"):
@@ -674,3 +686,15 @@ def test_upstreams_and_explain_say_why_a_job_waits_on_its_host(tmp_path: Path) -
     why = cli("explain", "j1", "--db", db_path)
     assert why.returncode == 0, why
     assert "held for" in why.stdout and "http://example.org:80" in why.stdout, why.stdout
+
+
+def test_fetch_honours_the_crawl_delay_of_robots_txt(tmp_path: Path, upstream: Upstream) -> None:
+    """A host whose robots.txt asks a Crawl-delay gets no more than one
+    request per delay, whatever --per-host says; the others are not slowed."""
+    urls = [upstream.url(f"/ok/{n}", host="localhost") for n in range(6)]
+    source = url_file(tmp_path, *urls)
+    done = cli("fetch", source, "--db", tmp_path / "jobs.sqlite3", "--per-host", "3")
+    assert done.returncode == 0, done
+    arrivals = sorted(upstream.arrivals)[1:]  # robots.txt first, then the pages
+    assert len(arrivals) == 6
+    assert arrivals[-1] - arrivals[0] >= 5 * CRAWL_DELAY * 0.99

@@ -379,3 +379,22 @@ def test_host_of_names_one_upstream_per_scheme_host_and_port(
     url: str, upstream: str | None
 ) -> None:
     assert web.host_of(batch.Target(url)) == upstream
+
+
+@pytest.mark.parametrize(
+    ("text", "delay"),
+    [
+        ("User-agent: *\nCrawl-delay: 0.5\n", 0.5),
+        ("User-agent: batch-store\nCrawl-delay: 2\n\nUser-agent: *\nCrawl-delay: 9\n", 2.0),
+        ("User-agent: Other\nCrawl-delay: 2\n\nUser-agent: *\nDisallow: /x\nCrawl-delay: 3\n", 3.0),
+        ("User-agent: a\nUser-agent: *\nCrawl-delay: 4 # slow down\n", 4.0),
+        ("User-agent: *\nCrawl-delay: soon\n", None),
+        ("User-agent: *\nCrawl-delay: -1\n", None),
+        ("User-agent: *\nDisallow: /\n", None),
+        ("", None),
+    ],
+)
+def test_robots_delay_reads_the_crawl_delay_asked_of_this_agent(
+    text: str, delay: float | None
+) -> None:
+    assert web.robots_delay(text, "batch-store") == delay

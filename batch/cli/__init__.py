@@ -32,6 +32,7 @@ then stays pending, for the next runner). A reader that goes away (``fetch
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import getpass
 import json
@@ -77,6 +78,11 @@ from . import demo
 from .progress import SHORT_ID, JobCaller, LiveRun, summary
 
 __all__ = ["console_main", "main"]
+
+#: Seconds to wait for a host's ``robots.txt`` before fetching without it,
+#: and how many hosts' are read at once.
+ROBOTS_TIMEOUT = 5.0
+ROBOTS_AT_ONCE = 16
 
 #: A job that ended in one of these did not do all it was asked: exit status 1.
 SHORT_OF_DONE = (JobStatus.FAILED, JobStatus.PARTIAL, JobStatus.CANCELLED)
@@ -141,6 +147,7 @@ def _run_urls(args: argparse.Namespace, jobs: list[tuple[str, list[str]]]) -> Ou
     """Run ``jobs`` (name, URLs) to their end, showing them; the summary
     after, or each target as a JSON line while they run."""
     limit = Limit(concurrency=args.concurrency, rate=args.rate, adaptive=args.adaptive)
+    limits = {"*": limit, **_polite(jobs, limit, args.timeout)}
     config = Config(
         workers=args.workers,
         retry_wait=args.retry_wait,
@@ -148,7 +155,7 @@ def _run_urls(args: argparse.Namespace, jobs: list[tuple[str, list[str]]]) -> Ou
         max_bytes=args.max_bytes,
         max_targets=max(Config().max_targets, *(len(refs) for _, refs in jobs)),
         upstream=web.host_of,
-        limits={"*": limit},
+        limits=limits,
     )
     fetch = web.Fetcher(timeout=args.timeout, save_dir=_save_dir(args.save))
     out = sys.stderr if args.json else sys.stdout
@@ -265,6 +272,21 @@ def _url(text: str, where: str) -> str:
     if parts.scheme != "file" and not parts.hostname:
         raise BadInput(f"{where}: no host in {shown!r}")
     return text
+
+
+def _polite(jobs: list[tuple[str, list[str]]], limit: Limit, timeout: float) -> dict[str, Limit]:
+    """For each host of ``jobs`` whose ``robots.txt`` asks a ``Crawl-delay``,
+    ``limit`` with no more than one request per that delay."""
+    hosts = sorted({host for _, refs in jobs for ref in refs if (host := web.host_of(Target(ref)))})
+    wait = min(timeout, ROBOTS_TIMEOUT)
+    with concurrent.futures.ThreadPoolExecutor(ROBOTS_AT_ONCE) as pool:
+        delays = pool.map(lambda host: web.crawl_delay(host, timeout=wait), hosts)
+    limits = {}
+    for host, delay in zip(hosts, delays, strict=True):
+        if delay is not None:
+            rate = 1 / delay if limit.rate is None else min(limit.rate, 1 / delay)
+            limits[host] = dataclasses.replace(limit, rate=rate, burst=1)
+    return limits
 
 
 def _by_host(urls: list[str], per_host: int) -> list[tuple[str, list[str]]]:
