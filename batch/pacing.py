@@ -70,6 +70,10 @@ AGAIN = 5.0
 #: At a busy answer, an adaptive concurrency is cut to this share of what
 #: was in flight (at least one).
 HALVE = 0.5
+#: Seconds after which a runner forgets an upstream it has not used, that
+#: is not held and whose breaker is closed (what adaptive pacing learned of
+#: it goes too): a crawl of many hosts keeps no pace per host for ever.
+FORGET_AFTER = 300.0
 #: Seconds of starts an adaptive upstream counts to know the rate it runs at.
 WINDOW = 1.0
 #: A fetch slower than this many times the fastest of its upstream lately
@@ -131,6 +135,7 @@ class Pace:
         "started",
         "steady",
         "tokens",
+        "used_at",
     )
 
     def __init__(self, name: str, limit: Limit, retry_wait: float, now: float) -> None:
@@ -170,6 +175,7 @@ class Pace:
         self.share_rate: float | None = None
         self.share_until = -math.inf
         self.publish = False  # a hold of its own to tell the others at the next sync
+        self.used_at = now  # when a target of it last started or came back
 
     @property
     def limited(self) -> bool:
@@ -204,6 +210,7 @@ class Pace:
     def start(self, now: float) -> None:
         """A target of the upstream starts (``wait(now)`` said 0.0)."""
         self.inflight += 1
+        self.used_at = now
         if self.limit.adaptive:
             self.started.append(now)
             while self.started[0] <= now - WINDOW:
@@ -226,6 +233,7 @@ class Pace:
         ``seconds`` of fetch; ``after`` is the least wait a busy answer
         asked for (0: none), ``jitter`` what spreads a backoff."""
         self.inflight -= 1
+        self.used_at = now
         if answer is Answer.BUSY:
             self.busy += 1
             self._held(now, after, jitter)
@@ -244,6 +252,16 @@ class Pace:
                 self.breaker, self.opened_at = BreakerState.OPEN, now
         if self.limit.adaptive:
             self._learn(now, seconds)
+
+    def idle(self, now: float) -> bool:
+        """Whether it may be forgotten at ``now`` (see ``FORGET_AFTER``)."""
+        return (
+            not self.inflight
+            and not self.publish
+            and self.held_until <= now
+            and self.breaker is BreakerState.CLOSED
+            and now - self.used_at > FORGET_AFTER
+        )
 
     def hold_to_publish(self, now: float) -> float:
         """Seconds from ``now`` of the hold a busy answer of its own put on
@@ -434,6 +452,10 @@ class Paces:
 
     def __iter__(self) -> Iterator[Pace]:
         return iter(list(self._paces.values()))
+
+    def forget(self, name: str) -> None:
+        """Drop the pace of upstream ``name``: it was idle."""
+        del self._paces[name]
 
     def get(self, name: str) -> Pace | None:
         """The pace of upstream ``name``, if it has one yet."""

@@ -509,12 +509,16 @@ class Rotation(Generic[C]):
 
     def wants(self, now: float) -> list[store.UpstreamWant]:
         """What this runner wants of each upstream it paces that it fetches
-        from or waits on, or has a hold to tell of, for a sync."""
+        from or waits on, or has a hold to tell of, for a sync. Upstreams
+        idle for long are forgotten on the way."""
         if self.paces is None:
             return []
         self.paces.fresh = False
         wants = []
         for pace in self.paces:
+            if pace.name not in self._parked and pace.idle(now):
+                self.paces.forget(pace.name)
+                continue
             demand = self._waiting_on(pace.name) + pace.inflight
             hold = pace.hold_to_publish(now)
             if demand or hold or pace.slots:

@@ -16,6 +16,7 @@ from batch.pacing import (
     BACKOFF_MAX,
     BELOW,
     CUT,
+    FORGET_AFTER,
     HALVE,
     MIN_RATE,
     QUIET_SPELL,
@@ -264,3 +265,18 @@ def test_the_slots_granted_bound_the_concurrency() -> None:
     assert p.wait(0.0) == pytest.approx(3.0)  # held by another runner's busy answer
     p.start(3.0)
     assert p.wait(3.0) is None
+
+
+def test_an_idle_upstream_may_be_forgotten_once_nothing_of_it_is_pending() -> None:
+    p = pace(break_after=1)
+    p.start(0.0)
+    assert not p.idle(1000.0)  # in flight
+    finish(p, 1.0, Answer.FAILED)  # the breaker opens
+    assert not p.idle(1000.0)
+    p.start(100.0)
+    finish(p, 100.0, Answer.DONE)
+    assert not p.idle(100.0 + FORGET_AFTER)
+    assert p.idle(101.0 + FORGET_AFTER)
+    p.start(500.0)
+    finish(p, 500.0, Answer.BUSY, after=1000.0)
+    assert not p.idle(600.0 + FORGET_AFTER)  # held
