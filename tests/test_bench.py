@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(60)
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 #: The modules a scenario may take from: the suite's own parts.
-SHARED = {"bench.engine", "bench.measure", "bench.suite", "bench.workload"}
+SHARED = {"bench.engine", "bench.measure", "bench.nginx", "bench.suite", "bench.workload"}
 
 
 def test_every_scenario_joins_the_suite_once() -> None:
@@ -21,21 +21,22 @@ def test_every_scenario_joins_the_suite_once() -> None:
     from bench.suite import SCENARIOS  # noqa: PLC0415
 
     assert sorted(SCENARIOS, key=lambda k: (not k.isdigit(), k.zfill(3))) == [
-        *map(str, range(1, 11)),
+        *map(str, range(1, 12)),
         "D",
     ]
 
 
 def test_no_scenario_imports_another() -> None:
     scenarios = [p for p in BENCH.glob("*.py") if "join(Scenario(" in p.read_text(encoding="utf-8")]
-    assert len(scenarios) == 11
+    assert len(scenarios) == 12
     borrowed = {}
     for path in scenarios:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         taken = {
-            node.module
+            node.module if node.module != "bench" else f"bench.{alias.name}"
             for node in ast.walk(tree)
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bench")
+            for alias in node.names
         }
         if taken - SHARED:
             borrowed[path.name] = sorted(taken - SHARED)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import nginxserver
+from bench import nginx as nginxserver
 from tests.test_cli_batch import cli, url_file
 
 RATE = 20

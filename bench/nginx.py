@@ -1,9 +1,9 @@
-"""A real nginx for the tests and the bench: rate-limited with ``limit_req``,
-answering 429 with ``Retry-After``, serving files from a directory of its
-own, its access log read back to count what it answered.
+"""A real nginx for the bench and the tests: rate-limited with
+``limit_req``, answering 429 with ``Retry-After``, serving files from a
+directory of its own, its access log read back to count what it answered.
 
-Installed from Debian's packages (``nginx-light``) if absent, as
-PostgreSQL is (``tests.pgserver``).
+Installed from Debian's packages (``nginx-light``) if absent, as the tests
+install PostgreSQL.
 """
 
 from __future__ import annotations
