@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import batch
 from batch import Limit
 from batch.pacing import (
     BACKOFF_MAX,
@@ -280,3 +281,33 @@ def test_an_idle_upstream_may_be_forgotten_once_nothing_of_it_is_pending() -> No
     p.start(500.0)
     finish(p, 500.0, Answer.BUSY, after=1000.0)
     assert not p.idle(600.0 + FORGET_AFTER)  # held
+
+
+def test_why_names_what_keeps_a_target_from_starting() -> None:
+    p = Pace("u", Limit(concurrency=1, rate=1.0, break_after=1, cool_down=10.0), RETRY_WAIT, 0.0)
+    assert p.why(0.0) == "share"
+    p.shared(UpstreamShare(runners=1, slots=1, rate=1.0, held_for=0.0), 0.0, math.inf)
+    assert p.why(0.0) == "free"
+    p.start(0.0)
+    assert p.why(0.0) == "concurrency"
+    finish(p, 0.1, Answer.DONE)
+    assert p.why(0.1) == "rate"  # its one token a second is spent
+    assert p.why(1.0) == "free"
+    p.start(1.0)
+    finish(p, 1.1, Answer.BUSY, after=5.0)
+    assert p.why(1.1) == "held"
+    p.start(6.2)
+    finish(p, 6.3, Answer.FAILED)
+    assert p.why(6.3) == "breaker"
+    assert p.why(16.4) == "free"
+
+
+def test_a_bad_pacing_config_is_refused_naming_the_field() -> None:
+    with pytest.raises(TypeError, match=r"Config\.upstream must be callable"):
+        batch.Config(upstream="host")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"Config\.limits must be a mapping"):
+        batch.Config(limits=[Limit()])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"Config.limits\['h'\] must be a batch.Limit"):
+        batch.Config(limits={"h": 20})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match=r"Config\.limits keys are upstreams"):
+        batch.Config(limits={"": Limit()})
