@@ -138,3 +138,29 @@ def test_without_config_upstream_nothing_is_paced(db: store.Store, runner: MakeR
     with runner(db, log.fetch, workers=2) as r:
         r.wait(ALICE, r.submit(ALICE, ["h1/a", "h1/b"]), timeout=TIMEOUT)
         assert r.upstreams() == []
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_the_breaker_stops_an_upstream_that_keeps_failing(
+    db: store.Store, runner: MakeRunner
+) -> None:
+    """Two failures in a row open h1's breaker: its next target waits the
+    cool-down, then one is tried, and its success closes it."""
+    cool_down = 1.0
+    failed_at: list[float] = []
+    log = Log()
+
+    def fetch(ctx: batch.Context, caller: Any, target: batch.Target) -> object:
+        if target.ref.startswith("h1/broken"):
+            failed_at.append(time.monotonic())
+            raise batch.TargetError("broken")
+        return log.fetch(ctx, caller, target)
+
+    limits = {"h1": batch.Limit(break_after=2, cool_down=cool_down)}
+    with runner(db, fetch, workers=2, upstream=host, limits=limits) as r:
+        broken = r.submit(ALICE, ["h1/broken-1", "h1/broken-2"])
+        assert r.wait(ALICE, broken, timeout=TIMEOUT).status == batch.JobStatus.FAILED
+        after = r.submit(ALICE, ["h1/fine"])
+        assert r.wait(ALICE, after, timeout=TIMEOUT).status == batch.JobStatus.DONE
+        assert _upstream(r, "h1").breaker == "closed"
+    assert log.starts["h1/fine"][0] >= failed_at[-1] + cool_down
