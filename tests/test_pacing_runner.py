@@ -164,3 +164,33 @@ def test_the_breaker_stops_an_upstream_that_keeps_failing(
         assert r.wait(ALICE, after, timeout=TIMEOUT).status == batch.JobStatus.DONE
         assert _upstream(r, "h1").breaker == "closed"
     assert log.starts["h1/fine"][0] >= failed_at[-1] + cool_down
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_a_store_that_refuses_the_sync_only_delays_a_limited_upstream(
+    db: store.Store, runner: MakeRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until its share is known, a limited upstream starts nothing; a sync
+    the store fails (anything it raises) is tried again, and then the jobs
+    go on: no thread dies of it, and the other upstreams never waited."""
+    real = db.sync_upstreams
+    refusals = threading.Semaphore(3)
+    answered: list[float] = []
+
+    def sync(*args: Any, **kw: Any) -> Any:
+        if refusals.acquire(blocking=False):
+            raise store.StoreError("the store is away")
+        shares = real(*args, **kw)
+        answered.append(time.monotonic())
+        return shares
+
+    monkeypatch.setattr(db, "sync_upstreams", sync)
+    log = Log()
+    limits = {"h1": batch.Limit(concurrency=1)}
+    with runner(db, log.fetch, workers=2, upstream=host, limits=limits) as r:
+        free = r.submit(ALICE, ["h2/a", "h2/b"])
+        limited = r.submit(ALICE, ["h1/a", "h1/b"])
+        assert r.wait(ALICE, free, timeout=TIMEOUT).status == batch.JobStatus.DONE
+        assert r.wait(ALICE, limited, timeout=TIMEOUT).status == batch.JobStatus.DONE
+        assert r.statistics().workers == 2
+    assert log.starts["h1/a"][0] >= answered[0]  # not before its share was known
