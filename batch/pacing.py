@@ -414,9 +414,9 @@ class Paces:
     first target. Guarded by the runner's lock.
 
     ``upstream`` is the user's ``Config.upstream``: it runs under the lock,
-    once per target offered, so it must be quick (``batch.web.host_of``
-    is). If it raises, the target goes unpaced and the error is logged once
-    per kind.
+    each time a job's turn comes, so it must be quick (``batch.web.host_of``
+    is). If it raises, the target goes unpaced, and the error is logged
+    with its traceback.
     """
 
     __slots__ = ("_limits", "_paces", "_upstream", "fresh", "jitter", "news", "retry_wait")

@@ -194,3 +194,18 @@ def test_a_store_that_refuses_the_sync_only_delays_a_limited_upstream(
         assert r.wait(ALICE, limited, timeout=TIMEOUT).status == batch.JobStatus.DONE
         assert r.statistics().workers == 2
     assert log.starts["h1/a"][0] >= answered[0]  # not before its share was known
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_an_upstream_function_that_raises_leaves_its_target_unpaced(
+    db: store.Store, runner: MakeRunner, caplog: pytest.LogCaptureFixture
+) -> None:
+    def upstream(target: batch.Target) -> str:
+        raise ValueError(target.ref)
+
+    log = Log()
+    with runner(db, log.fetch, workers=1, upstream=upstream) as r:
+        job = r.submit(ALICE, ["x", "y"])
+        assert r.wait(ALICE, job, timeout=TIMEOUT).status == batch.JobStatus.DONE
+        assert r.statistics().workers == 1
+    assert "Config.upstream raised" in caplog.text
