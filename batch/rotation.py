@@ -576,15 +576,19 @@ class Rotation(Generic[C]):
             heapq.heappush(self._timers, (when, name))
 
     def _release(self, name: str) -> None:
-        """The next job parked on upstream ``name`` (round robin, by order)
-        rejoins the ready ones; the ring goes once empty."""
-        ring = self._parked[name]
+        """The next job parked on upstream ``name`` (round robin, by order),
+        if any, rejoins the ready ones; the ring and its timer go once it
+        is empty (a timer due later finds nothing, and does nothing)."""
+        ring = self._parked.get(name)
+        if ring is None:
+            return
         job = _take(ring, self._live)
         if job is not None:
             job.parked = None
             self._ready.push(job)
         if not ring:
             del self._parked[name]
+            self._timer_at.pop(name, None)
 
     def _live(self, job_id: str) -> LiveJob[C] | None:
         """The job of an entry just popped, or None if it left or was

@@ -18,10 +18,15 @@ from batch.context import Context
 from batch.pacing import Answer, Paces
 from batch.rotation import LiveJob, Rotation
 
-UPSTREAMS = ("a", "b", "c")
-#: The concurrency of each upstream ("c" has none).
+UPSTREAMS = ("a", "b", "c", "d")
+#: The concurrency of each upstream ("c" and "d" have none).
 CONCURRENCY = {"a": 1, "b": 2}
-LIMITS = {name: batch.Limit(concurrency=c) for name, c in CONCURRENCY.items()}
+#: "d" has a rate, whose share the syncs change: when its next target may
+#: start is the bucket's business, not the model's.
+LIMITS = {
+    **{name: batch.Limit(concurrency=c) for name, c in CONCURRENCY.items()},
+    "d": batch.Limit(rate=10.0, burst=2),
+}
 
 
 def upstream(target: batch.Target) -> str:
@@ -48,15 +53,26 @@ class PacedRotation(RuleBasedStateMachine):
         self.running: set[str] = set()
         self.held_until = dict.fromkeys(UPSTREAMS, -math.inf)
         self.n = 0
+        self.d_rate = 10.0
         self.sync()
 
     def sync(self) -> None:
-        """The store's answer for a runner alone: the whole of each limit."""
+        """The store's answer for a runner alone: the whole of each limit,
+        and of "d"'s rate what ``d_rate`` says."""
         shares = {
-            name: store.UpstreamShare(1, CONCURRENCY.get(name), None, 0.0) for name in UPSTREAMS
+            name: store.UpstreamShare(
+                1, CONCURRENCY.get(name), self.d_rate if name == "d" else None, 0.0
+            )
+            for name in UPSTREAMS
         }
         self.rotation.wants(self.now)
         self.rotation.shared(shares, self.now, math.inf)
+
+    @rule(rate=st.sampled_from([0.0, 0.5, 10.0, 100.0]))
+    def resync(self, rate: float) -> None:
+        """Another runner came or went: "d"'s share of the rate moves."""
+        self.d_rate = rate
+        self.sync()
 
     def inflight(self, name: str) -> int:
         return sum(1 for job_id in self.running if self.next_upstream(job_id) == name)
@@ -70,6 +86,12 @@ class PacedRotation(RuleBasedStateMachine):
         held = self.held_until[name] > self.now
         return not held and (limit is None or self.inflight(name) < limit)
 
+    def must_start(self, job_id: str) -> bool:
+        """Whether the job may start now, as far as the model can tell ("d"'s
+        bucket is not modelled: its jobs may start, or not)."""
+        name = self.next_upstream(job_id)
+        return name != "d" and self.may_start(name)
+
     @rule(names=st.lists(st.sampled_from(UPSTREAMS), min_size=1, max_size=4))
     def submit(self, names: list[str]) -> None:
         self.n += 1
@@ -81,20 +103,20 @@ class PacedRotation(RuleBasedStateMachine):
 
     @rule()
     def pick(self) -> None:
-        startable = {
+        waiting = [
             job_id
             for job_id in self.jobs
-            if job_id not in self.running
-            and self.jobs[job_id].retry_at <= self.now
-            and self.may_start(self.next_upstream(job_id))
-        }
+            if job_id not in self.running and self.jobs[job_id].retry_at <= self.now
+        ]
+        startable = {job_id for job_id in waiting if self.may_start(self.next_upstream(job_id))}
+        certain = {job_id for job_id in waiting if self.must_start(job_id)}
         job = self.rotation.pick(self.now)
         if self.rotation.paces.fresh:  # type: ignore[union-attr]
             # A new upstream: the keeper syncs it at once, and a worker picks again.
             self.sync()
             job = job or self.rotation.pick(self.now)
         if job is None:
-            assert not startable, f"nothing picked though {sorted(startable)} may start"
+            assert not certain, f"nothing picked though {sorted(certain)} may start"
             return
         assert job.id in startable, f"{job.id} started on {self.next_upstream(job.id)}"
         job.start()
