@@ -48,12 +48,13 @@ def keep(s: State[C], resume: Resume) -> None:
     with s.lock:
         next_beat = s.clock.monotonic() + interval
         next_poll = next_sync = 0.0
+        shared = False  # the store holds rows of this runner's upstreams
         while not s.stopping:
             now = s.clock.monotonic()
             if s.starting and now >= s.starting_since + START_DELAY:
                 _store_starting(s)
             elif paces is not None and (paces.fresh or now >= next_sync):
-                _sync_upstreams(s)
+                shared = _sync_upstreams(s, shared)
                 next_sync = s.clock.monotonic() + PACE_SYNC
             elif now >= next_beat or s.want_room:
                 # A beat the store refused is tried again soon: the gap a
@@ -105,10 +106,15 @@ def _store_starting(s: State[C]) -> None:
     trouble.ok()
 
 
-def _sync_upstreams(s: State[C]) -> None:
+def _sync_upstreams(s: State[C], shared: bool) -> bool:
     """Tell the store what this runner wants of the upstreams it paces, and
-    the holds of its busy answers; take its share of each."""
+    the holds of its busy answers; take its share of each. ``shared``:
+    whether the store holds rows of this runner's upstreams (an idle runner
+    that wants none, and has none there, makes no call). Returns whether it
+    does now."""
     wants = s.rotation.wants(s.clock.monotonic())
+    if not wants and not shared:
+        return False
     trouble = s.trouble("sharing upstreams")
     lapse = s.config.takeover_after
     try:
@@ -117,7 +123,7 @@ def _sync_upstreams(s: State[C]) -> None:
     except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
         trouble.failed("cannot share %d upstream(s) with the store; trying again", len(wants))
         s.rotation.not_shared(wants)
-        return
+        return True
     trouble.ok()
     now = s.clock.monotonic()
     s.rotation.shared(shares, now, lapse)
@@ -126,6 +132,7 @@ def _sync_upstreams(s: State[C]) -> None:
     due_in = s.rotation.next_retry_in(now)
     if due_in is not None:
         s.retry_at(now + due_in)  # or at a time no sleeper knows of yet
+    return bool(wants)
 
 
 def _poll_cancels(s: State[C]) -> None:
