@@ -20,6 +20,10 @@ The invariants, whenever no method runs:
 5. ``concurrency`` and ``rate`` (the ones in force) never exceed the
    configured ones; adaptive ones never go below one target at a time and
    ``MIN_RATE`` starts a second.
+6. Across the store's runners: an upstream with a ``concurrency`` or a
+   ``rate`` starts nothing without its share from a sync younger than
+   ``share_until``; its ``slots`` bound what it has in flight and its
+   share of the rate its starts (``store.upstreams`` grants the shares).
 """
 
 from __future__ import annotations
@@ -185,8 +189,9 @@ class Pace:
     def wait(self, now: float) -> float | None:
         """0.0 if a target of the upstream may start at ``now``; else the
         seconds until one may (held, out of tokens, breaker cooling down);
-        None if only a finish can let one start (as many in flight as
-        allowed, or a breaker's trial in flight)."""
+        None if only a finish or a sync can let one start (as many in
+        flight as allowed, a breaker's trial in flight, no share of the
+        store's limits yet)."""
         if self.breaker is BreakerState.TRIAL:
             return None
         if self.limited and now >= self.share_until:
