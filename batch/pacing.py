@@ -139,6 +139,7 @@ class Pace:
         "started",
         "steady",
         "tokens",
+        "told",
         "used_at",
     )
 
@@ -178,6 +179,7 @@ class Pace:
         self.slots: int | None = None
         self.share_rate: float | None = None
         self.share_until = -math.inf
+        self.told = 0  # the jobs wanting it, as the last sync told the store
         self.publish = False  # a hold of its own to tell the others at the next sync
         self.used_at = now  # when a target of it last started or came back
 
@@ -257,6 +259,13 @@ class Pace:
                 self.breaker, self.opened_at = BreakerState.OPEN, now
         if self.limit.adaptive:
             self._learn(now, seconds)
+
+    def starved(self) -> bool:
+        """Whether its share lets none of its targets start (no slot, or none
+        of the rate) while the store was last told it wants none: then a
+        sync, telling the jobs that want it now, may give it one. (The store
+        told it wants some and gave none: the next sync rebalances.)"""
+        return self.limited and not self.told and (self.slots == 0 or self.share_rate == 0)
 
     def idle(self, now: float) -> bool:
         """Whether it may be forgotten at ``now`` (see ``FORGET_AFTER``)."""

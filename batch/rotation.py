@@ -469,6 +469,8 @@ class Rotation(Generic[C]):
             self._parked.setdefault(pace.name, _Ring()).push(job.order, job.id)
             if wait is not None:
                 self._timer(pace.name, now + wait)
+            elif pace.starved():
+                paces.fresh = True  # the store does not know a job wants it
         return None
 
     def returned(
@@ -519,7 +521,7 @@ class Rotation(Generic[C]):
             if pace.name not in self._parked and pace.idle(now):
                 self.paces.forget(pace.name)
                 continue
-            demand = self._waiting_on(pace.name) + pace.inflight
+            demand = pace.told = self._waiting_on(pace.name) + pace.inflight
             hold = pace.hold_to_publish(now)
             if demand or hold or pace.slots:
                 # Until the answer is in force, targets may start within the
