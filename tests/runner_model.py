@@ -53,20 +53,23 @@ PENDING = Stored("pending")
 class Act:
     """How one fetch ends. ``done`` returns ``value``; ``error`` raises
     ``TargetError(msg, hint)``; ``unexpected`` raises ``KeyError``;
-    ``not_json`` returns a set; ``busy`` raises ``RetryLater``, directly or
-    as the cause of another exception."""
+    ``not_json`` returns a set; ``busy`` raises ``RetryLater`` (asking to
+    wait ``after`` seconds, if not 0), directly or as the cause of another
+    exception."""
 
     kind: str
     value: Any = None
     msg: str = ""
     hint: str | None = None
     chained: bool = False
+    after: int = 0
 
     def perform(self) -> object:
         if self.kind == "busy":
+            busy = batch.RetryLater("upstream busy", after=self.after or None)
             if self.chained:
-                raise RuntimeError("upstream said so") from batch.RetryLater("upstream busy")
-            raise batch.RetryLater("upstream busy")
+                raise RuntimeError("upstream said so") from busy
+            raise busy
         if self.kind == "error":
             raise batch.TargetError(self.msg, hint=self.hint)
         if self.kind == "unexpected":
@@ -121,6 +124,8 @@ ACTS: st.SearchStrategy[Act] = st.one_of(
     st.just(Act("not_json")),
     st.builds(Act, kind=st.just("busy"), chained=st.booleans()),
 )
+#: Also busy answers that ask to wait: they hold their upstream that long.
+PACED_ACTS = ACTS | st.builds(Act, kind=st.just("busy"), after=st.sampled_from([3, 8]))
 
 
 # -- the gated fetch ------------------------------------------------------------
@@ -209,22 +214,77 @@ def target_index(ref: str) -> int:
 
 
 @dataclass
+class MUpstream:
+    """An upstream as the model sees it (SPEC 2d): at most ``concurrency``
+    targets in flight; none starts before ``held_until`` (a busy answer's
+    ``after``); ``break_after`` failures in a row open the breaker: nothing
+    starts for ``cool_down`` seconds, then one trial, whose success closes
+    it, whose failure opens it again, and which a busy answer sends back to
+    waiting. Counts since the runner opened."""
+
+    limit: batch.Limit
+    inflight: int = 0
+    held_until: float = 0.0
+    breaker: str = "closed"
+    opened_at: float = 0.0
+    failures: int = 0
+    done: int = 0
+    busy: int = 0
+    failed: int = 0
+
+    def free(self, now: float) -> bool:
+        """Whether a target of it may start at ``now``."""
+        if self.breaker == "trial" or now < self.held_until:
+            return False
+        if self.breaker == "open" and now < self.opened_at + self.limit.cool_down:
+            return False
+        return self.limit.concurrency is None or self.inflight < self.limit.concurrency
+
+    def start(self) -> None:
+        self.inflight += 1
+        if self.breaker == "open":
+            self.breaker = "trial"
+
+    def finish(self, act: Act, now: float) -> None:
+        self.inflight -= 1
+        if act.kind == "busy":
+            self.busy += 1
+            self.held_until = max(self.held_until, now + act.after)
+            if self.breaker == "trial":
+                self.breaker = "open"
+        elif act.kind == "done":
+            self.done += 1
+            self.failures = 0
+            self.breaker = "closed"
+        else:
+            self.failed += 1
+            self.failures += 1
+            tripped = self.limit.break_after is not None and self.failures >= self.limit.break_after
+            if self.breaker == "trial" or tripped:
+                self.breaker, self.opened_at = "open", now
+
+
+@dataclass
 class MJob:
     """A job as the model sees it."""
 
     key: str
     caller: int
     size: int
+    #: Each target's upstream (None: not paced).
+    upstreams: list[str | None] = field(default_factory=list)
     id: str = ""
     status: str = "queued"
     next: int = 0
     running: bool = False
     taken: bool = False  # a worker took it up: running from then on
     cancelled: bool = False
+    retry_at: float = 0.0  # a busy answer's after: not tried again sooner
     stored: list[Stored] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.stored = [PENDING] * self.size
+        self.upstreams = self.upstreams or [None] * self.size
 
     @property
     def refs(self) -> list[str]:
@@ -243,11 +303,22 @@ class Model:
     with a live job in the order they came (one whose last job left comes
     back last), from the index after the last caller picked, wrapping
     once; the caller picked takes up to its weight of turns in a row, each
-    from its next ready job after the one it last picked (wrapping)."""
+    from its next ready job after the one it last picked (wrapping).
 
-    def __init__(self, fair: str = "job", weights: dict[str, int] | None = None) -> None:
+    With ``limits``, a job is ready only while its next target's upstream
+    may start one (``MUpstream``) at ``now``, the time the machine steps."""
+
+    def __init__(
+        self,
+        fair: str = "job",
+        weights: dict[str, int] | None = None,
+        limits: dict[str, batch.Limit] | None = None,
+    ) -> None:
         self.fair = fair
         self.weights = weights or {}
+        self.limits = limits or {}
+        self.upstreams: dict[str, MUpstream] = {}
+        self.now = 0.0
         self.callers: list[int] = []
         self.caller_cursor = 0
         self.current: int | None = None
@@ -274,15 +345,30 @@ class Model:
     def inflight(self) -> list[MJob]:
         return [j for j in self.live if j.running]
 
-    @staticmethod
-    def ready(job: MJob) -> bool:
-        return not job.running and not job.cancelled and job.next < job.size
+    def upstream(self, job: MJob) -> MUpstream | None:
+        """The upstream of the job's next target."""
+        name = job.upstreams[job.next]
+        if name is None:
+            return None
+        if name not in self.upstreams:
+            self.upstreams[name] = MUpstream(self.limits.get(name, batch.Limit()))
+        return self.upstreams[name]
+
+    def ready(self, job: MJob) -> bool:
+        if job.running or job.cancelled or job.next == job.size or job.retry_at > self.now:
+            return False
+        upstream = self.upstream(job)
+        return upstream is None or upstream.free(self.now)
+
+    def waiting_retry(self) -> int:
+        """Live jobs whose busy target waits for its ``after``."""
+        return sum(1 for j in self.live if not j.cancelled and j.retry_at > self.now)
 
     def any_ready(self) -> bool:
         return any(self.ready(j) for j in self.live)
 
-    def submit(self, caller: int, size: int) -> MJob:
-        job = MJob(f"j{len(self.jobs)}", caller, size)
+    def submit(self, caller: int, size: int, upstreams: list[str | None] | None = None) -> MJob:
+        job = MJob(f"j{len(self.jobs)}", caller, size, upstreams or [])
         if self.live and self.cursor == len(self.live):
             self.newcomers.add(job.key)
         self.jobs[job.key] = job
@@ -345,6 +431,8 @@ class Model:
 
     def start(self, job: MJob) -> MJob:
         assert self.ready(job), f"{job.key} cannot start a target"
+        if (upstream := self.upstream(job)) is not None:
+            upstream.start()
         job.running = True
         job.taken = True
         if job.status == "queued":
@@ -381,11 +469,15 @@ class Model:
     def finish(self, job: MJob, act: Act) -> None:
         """The fetch in flight for ``job`` ended as ``act`` says."""
         assert job.running
+        if (upstream := self.upstream(job)) is not None:
+            upstream.finish(act, self.now)
         job.running = False
         self.inflights.append(len(self.inflight))
         stored = act.stored()
         if stored is None:
-            # Busy: pending still, and with retry_wait=0 ready again at once.
+            # Busy: pending still, and with retry_wait=0 ready again once
+            # its after is over.
+            job.retry_at = self.now + act.after
             if job.cancelled:
                 self.leave(job)
             else:

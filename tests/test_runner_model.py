@@ -6,7 +6,9 @@ worker the model predicts the rotation exactly: which target is fetched next,
 every job status, every hook call in order. With several workers the model
 accepts any job that may start a target and checks what no ordering can
 change: statuses, stored targets, hook counts, one target in flight per job.
-The model and the gated fetch are ``tests/runner_model.py``.
+With upstreams (SPEC 2d) the machine also steps the runner's clock, and the
+model says which jobs may start: the runner starts no other, and starts one
+whenever one may. The model and the gated fetch are ``tests/runner_model.py``.
 """
 
 from __future__ import annotations
@@ -32,11 +34,12 @@ from hypothesis.stateful import (
 
 import batch
 import store
-from tests.helpers import TIMEOUT, Recorder, as_async
+from tests.helpers import TIMEOUT, Recorder, StepClock, as_async
 from tests.runner_model import (
     ACTS,
     CALLER,
     CALLERS,
+    PACED_ACTS,
     SECRET,
     SIZE,
     Act,
@@ -44,6 +47,7 @@ from tests.runner_model import (
     GatedFetch,
     MJob,
     Model,
+    MUpstream,
     err_name,
     job_key,
     target_index,
@@ -66,14 +70,25 @@ class RunnerMachine(RuleBasedStateMachine):
     #: Config.fair and Config.weights.
     fair = "job"
     weights: dict[str, int] | None = None
+    #: Config.limits; with them each target gets an upstream from ``hosts``,
+    #: and the runner and the store read ``clock``, which the machine steps.
+    limits: dict[str, batch.Limit] | None = None
+    hosts: st.SearchStrategy[str | None] = st.none()
+    #: How fetches end.
+    acts = ACTS
 
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.TemporaryDirectory()
-        self.db = store.open(Path(self.tmp.name) / "jobs.sqlite3")
+        self.clock = StepClock() if self.limits is not None else None
+        self.db = store.open(
+            Path(self.tmp.name) / "jobs.sqlite3",
+            clock=None if self.clock is None else self.store_time,
+        )
         self.hooks = Recorder()
         self.fetch = GatedFetch()
-        self.model = Model(self.fair, self.weights)
+        self.model = Model(self.fair, self.weights, self.limits)
+        self.upstream_of: dict[str, str | None] = {}
         self.calls: dict[str, Call] = {}
         self.over: set[str] = set()
         self.checks = 0
@@ -83,11 +98,23 @@ class RunnerMachine(RuleBasedStateMachine):
             retry_for=3600.0,
             fair=self.fair,  # type: ignore[arg-type]
             weights=self.weights,
+            # Leases as long as the machine's steps of the clock add up to.
+            takeover_after=3600.0,
+            upstream=None if self.limits is None else self.target_upstream,
+            limits=self.limits,
         )
         fetch = as_async(self.fetch) if self.run_async else self.fetch
         self.runner: batch.Runner[batch.Caller] = batch.Runner(
-            self.db, fetch, config, hooks=self.hooks
+            self.db, fetch, config, hooks=self.hooks, clock=self.clock
         )
+
+    def store_time(self) -> float:
+        """The store's clock: the runner's, from an epoch time on."""
+        assert self.clock is not None
+        return 1_700_000_000.0 + self.clock.now
+
+    def target_upstream(self, target: batch.Target) -> str | None:
+        return self.upstream_of[target.ref]
 
     def teardown(self) -> None:
         try:
@@ -125,6 +152,18 @@ class RunnerMachine(RuleBasedStateMachine):
             assert call.caller is CALLERS[job.caller]
             assert not call.ctx.cancelled()
             self.calls[job.key] = call
+        self.note_upstreams()
+
+    def note_upstreams(self) -> None:
+        """Tell the statistics what the upstreams held back."""
+        model = self.model
+        for upstream in model.upstreams.values():
+            if upstream.breaker != "closed":
+                event(f"a breaker {upstream.breaker}")
+            if upstream.held_until > model.now:
+                event("an upstream held")
+            if upstream.limit.concurrency == upstream.inflight:
+                event("an upstream full")
 
     def recorded(self) -> None:
         """Wait until the runner has recorded what its fetch returned: its
@@ -160,18 +199,23 @@ class RunnerMachine(RuleBasedStateMachine):
 
     # -- rules
 
-    @initialize(jobs=st.lists(st.tuples(CALLER, SIZE, st.booleans()), min_size=1, max_size=3))
-    def some_jobs(self, jobs: list[tuple[int, int, bool]]) -> None:
+    @initialize(
+        data=st.data(),
+        jobs=st.lists(st.tuples(CALLER, SIZE, st.booleans()), min_size=1, max_size=3),
+    )
+    def some_jobs(self, data: st.DataObject, jobs: list[tuple[int, int, bool]]) -> None:
         for caller, size, plain in jobs:
-            self.submit(caller, size, plain)
+            self.submit(data, caller, size, plain)
 
-    @rule(caller=CALLER, size=SIZE, plain=st.booleans())
-    def submit(self, caller: int, size: int, plain: bool) -> None:
+    @rule(data=st.data(), caller=CALLER, size=SIZE, plain=st.booleans())
+    def submit(self, data: st.DataObject, caller: int, size: int, plain: bool) -> None:
         if self.model.closed:
             with pytest.raises(batch.RunnerClosed):
                 self.runner.submit(CALLERS[caller], ["late"])
             return
-        job = self.model.submit(caller, size)
+        hosts = [data.draw(self.hosts, label="upstream") for _ in range(size)]
+        job = self.model.submit(caller, size, hosts)
+        self.upstream_of.update(zip(job.refs, hosts, strict=True))
         targets: list[str | batch.Target] = list(job.refs)
         if not plain:
             targets = [batch.Target(ref) for ref in job.refs]
@@ -179,23 +223,33 @@ class RunnerMachine(RuleBasedStateMachine):
         self.settle()
 
     @precondition(lambda self: bool(self.calls))
-    @rule(data=st.data(), act=ACTS)
-    def step(self, data: st.DataObject, act: Act) -> None:
-        """One fetch in flight returns as ``act`` says."""
+    @rule(data=st.data())
+    def step(self, data: st.DataObject) -> None:
+        """One fetch in flight returns as the act drawn says."""
         key = data.draw(st.sampled_from(sorted(self.calls)), label="job")
+        act = data.draw(self.acts, label="act")
         if act.kind == "busy":
             event("a busy target")
         self.end(key, act)
         self.settle()
 
     @precondition(lambda self: bool(self.calls))
-    @rule(data=st.data(), acts=st.lists(ACTS, min_size=2, max_size=6))
-    def steps(self, data: st.DataObject, acts: list[Act]) -> None:
+    @rule(data=st.data(), n=st.integers(2, 6))
+    def steps(self, data: st.DataObject, n: int) -> None:
         """Several fetches return, one after the other, while any is in flight."""
-        for act in acts:
+        for _ in range(n):
             if not self.calls:
                 break
-            self.step(data, act)
+            self.step(data)
+
+    @precondition(lambda self: self.clock is not None and self.clock.now < LAST_TICK)
+    @rule(seconds=st.sampled_from([1, 3, 5, 11]))
+    def tick(self, seconds: int) -> None:
+        """Time passes: held upstreams, busy targets and open breakers come due."""
+        assert self.clock is not None
+        self.clock.tick(seconds)
+        self.model.now += seconds
+        self.settle()
 
     @precondition(lambda self: any(not j.terminal for j in self.model.jobs.values()))
     @rule(data=st.data())
@@ -265,7 +319,7 @@ class RunnerMachine(RuleBasedStateMachine):
                 self.runner.close(timeout=0)
             for key in sorted(self.calls):
                 assert self.calls[key].ctx.cancelled()
-                self.end(key, data.draw(ACTS, label=f"act {key}"))
+                self.end(key, data.draw(self.acts, label=f"act {key}"))
         self.runner.close(timeout=TIMEOUT)
         self.runner.close()
 
@@ -310,11 +364,26 @@ class RunnerMachine(RuleBasedStateMachine):
                 assert nbytes > 0 if err is None else nbytes == 0
 
     @invariant()
+    def upstreams_match(self) -> None:
+        """What the runner shows of each upstream is what the model says."""
+        for got in self.runner.upstreams():
+            want = self.model.upstreams.get(got.name, MUpstream(got.limit))
+            assert got.limit == self.model.limits.get(got.name, batch.Limit())
+            assert (got.inflight, got.breaker, got.done, got.busy, got.failed) == (
+                want.inflight,
+                want.breaker,
+                want.done,
+                want.busy,
+                want.failed,
+            ), f"{got.name}: {got}, model {want}"
+            assert got.held_for == max(0.0, want.held_until - self.model.now)
+
+    @invariant()
     def statistics_match(self) -> None:
         stats = self.runner.statistics()
         assert stats.live == len(self.model.live)
         assert stats.inflight == len(self.model.inflight) <= self.workers
-        assert stats.waiting_retry == 0
+        assert stats.waiting_retry == self.model.waiting_retry()
         assert stats.closed is self.model.closed
         assert stats.workers == (0 if self.model.closed else self.workers)
 
@@ -359,6 +428,39 @@ class CallerFairWorkersMachine(RunnerWorkersMachine):
     weights = {"bob": 3}  # noqa: RUF012 - read, never changed
 
 
+class UpstreamMachine(RunnerMachine):
+    """Targets on upstreams ``a`` (one in flight at a time), ``b`` and none,
+    each upstream with a breaker; busy answers that hold their upstream;
+    time stepped by the machine. One worker: the model accepts any job
+    that may start (which of the jobs parked on an upstream goes first when
+    it frees is the rotation's own business)."""
+
+    exact = False
+    limits = {  # noqa: RUF012 - read, never changed
+        "a": batch.Limit(concurrency=1, break_after=2, cool_down=10.0),
+        "b": batch.Limit(break_after=3, cool_down=5.0),
+    }
+    hosts = st.sampled_from(["a", "b", None])
+    acts = PACED_ACTS
+
+
+class UpstreamWorkersMachine(UpstreamMachine):
+    """The same with three workers."""
+
+    workers = 3
+
+
+class AsyncUpstreamWorkersMachine(UpstreamWorkersMachine):
+    """The same on an async runner."""
+
+    run_async = True
+
+
+#: The machine steps the clock up to here: well short of the runner
+#: forgetting an idle upstream (``batch.pacing.FORGET_AFTER``), and of
+#: ``retry_for``.
+LAST_TICK = 250
+
 SETTINGS = settings(
     max_examples=200,
     stateful_step_count=50,
@@ -380,3 +482,9 @@ CallerFairWorkersMachine.TestCase.settings = settings(SETTINGS, max_examples=40)
 TestCallerFairModel = CallerFairMachine.TestCase
 TestAsyncCallerFairModel = AsyncCallerFairMachine.TestCase
 TestCallerFairModelWorkers = CallerFairWorkersMachine.TestCase
+UpstreamMachine.TestCase.settings = settings(SETTINGS, max_examples=100)
+UpstreamWorkersMachine.TestCase.settings = settings(SETTINGS, max_examples=60)
+AsyncUpstreamWorkersMachine.TestCase.settings = settings(SETTINGS, max_examples=30)
+TestUpstreamModel = UpstreamMachine.TestCase
+TestUpstreamModelWorkers = UpstreamWorkersMachine.TestCase
+TestAsyncUpstreamModelWorkers = AsyncUpstreamWorkersMachine.TestCase
