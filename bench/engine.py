@@ -1,8 +1,9 @@
 """Which engine the suite measures, and the stores it makes on it.
 
 ``python -m bench`` measures SQLite; ``--engine postgres`` measures the
-scenarios that exist on both (1, 2 and 5), and 10 (runner processes on one
-database), on a PostgreSQL server: the one ``--pg-url`` names (a
+scenarios that exist on both (1, 2 and 5), 10 (runner processes on one
+database) and 11's rows of runner processes sharing an upstream's limits,
+on a PostgreSQL server: the one ``--pg-url`` names (a
 maintenance database the suite may create databases from), else a
 throwaway server the suite starts itself, as the tests do.
 Every store is then a database of its own, dropped afterwards.

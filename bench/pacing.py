@@ -13,9 +13,17 @@ Rows, each from nginx's own log:
   same rounds, the runner without pacing (``Config(upstream=None)``: each
   busy answer holds back only its own target): its share of 429s;
 - two runner processes on one store, ``rate=20`` each: together <= 1 %
-  429s and >= 0.9 of the 20 allowed.
+  429s and >= 0.9 of the 20 allowed;
+- three runner processes on one store, ``concurrency=2`` each, against a
+  local server that counts what it has in flight (``bench.counting``; each
+  page takes 50 ms): never more than 2 at once, and the pages a second
+  against the 40 that 2 at a time allow.
 
-    python -m bench.pacing [--rounds N] [--quick] [--json PATH]
+With ``--engine postgres`` the store is a PostgreSQL database and only the
+rows of several processes are measured (the others do not depend on the
+engine).
+
+    python -m bench.pacing [--rounds N] [--quick] [--json PATH] [--engine postgres]
 """
 
 from __future__ import annotations
@@ -24,13 +32,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import batch
 import batch.web
 import store
-from bench import nginx
+from bench import counting, nginx
+from bench.engine import engine, scratch
 from bench.measure import REPO, Figure, Goal, Options, Row, Scenario, Series, Skipped, alternate
 from bench.suite import join, main
 
@@ -44,14 +54,17 @@ JOBS, CALLERS, URLS, WORKERS = 8, 4, 400, 16
 QUICK_URLS = 120
 #: Seconds at the start left out of the adaptive row: it learns meanwhile.
 LEARNING = 5.0
+#: The row of three processes: pages, and the seconds each takes to make.
+CROWD_URLS, QUICK_CROWD_URLS, PAGE_SECONDS = 240, 60, 0.05
 
-#: One runner process of the two-process row: argv = store, base URL, first
-#: URL, URLs, and the moment to begin.
+#: One runner process of the rows of several: argv = store, base URL, first
+#: URL, URLs, and the upstream's limit (JSON of ``batch.Limit``'s arguments).
 CHILD = """
-import sys, time, batch, batch.web, store
-where, base, first, count = sys.argv[1:5]
+import json, sys, batch, batch.web, store
+where, base, first, count, limit = sys.argv[1:6]
 config = batch.Config(workers=8, upstream=batch.web.host_of,
-                      limits={"*": batch.Limit(rate=20)}, retry_wait=1.0, retry_for=600)
+                      limits={"*": batch.Limit(**json.loads(limit))},
+                      retry_wait=1.0, retry_for=600)
 urls = [f"{base}/{n}.txt" for n in range(int(first), int(first) + int(count))]
 me = batch.Caller(f"c{first}")
 with store.open(where) as db, batch.Runner(db, batch.web.fetch_url, config) as r:
@@ -100,23 +113,44 @@ def _crawl(server: nginx.Nginx, urls: int, config: batch.Config, since: float = 
     return _answered(server, start, since)
 
 
-def _two_processes(server: nginx.Nginx, urls: int) -> Crawl:
-    start = time.time()
-    with tempfile.TemporaryDirectory() as d:
-        where = str(Path(d) / "jobs.sqlite3")
+@dataclass(frozen=True)
+class Crowd:
+    """What the counting server saw of one crawl: the most requests in
+    flight at once, and the pages a second."""
+
+    peak: int
+    rate: float
+
+
+def _processes(base: str, urls: int, n: int, limit: str) -> None:
+    """Fetch ``urls`` pages of ``base`` in ``n`` runner processes on one new
+    store (of the engine measured), each with the upstream limit ``limit``."""
+    with scratch() as where:
         store.open(where).close()
-        half = urls // 2
+        each = urls // n
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", CHILD, where, server.base, str(k * half), str(half)],
+                [sys.executable, "-c", CHILD, where, base, str(k * each), str(each), limit],
                 cwd=REPO,
             )
-            for k in range(2)
+            for k in range(n)
         ]
         for proc in procs:
             if proc.wait(900):
-                raise RuntimeError("a runner process of the pacing row failed")
+                raise RuntimeError("a runner process of the pacing rows failed")
+
+
+def _two_processes(server: nginx.Nginx, urls: int) -> Crawl:
+    start = time.time()
+    _processes(server.base, urls, 2, f'{{"rate": {RATE}}}')
     return _answered(server, start)
+
+
+def _three_at_two(urls: int) -> Crowd:
+    with counting.running(PAGE_SECONDS) as server:
+        _processes(server.base, urls, 3, '{"concurrency": 2}')
+    span = max(server.arrivals) - min(server.arrivals)
+    return Crowd(server.peak, len(server.arrivals) / span)
 
 
 def _config(**limit: object) -> batch.Config:
@@ -135,18 +169,20 @@ def run(opts: Options) -> list[Row]:
     if binary is None:
         return [Skipped("11", "pacing against nginx", "nginx can be neither found nor installed")]
     urls = QUICK_URLS if opts.quick else URLS
+    crowd_urls = QUICK_CROWD_URLS if opts.quick else CROWD_URLS
+    one_process = engine() == "sqlite"
     with nginx.running(binary, rate=RATE, burst=BURST) as server:
         for n in range(urls):
             (server.files / f"{n}.txt").write_text(f"page {n}\n" * 50)
-        crawls = alternate(
-            opts.rounds,
-            {
+        tries: dict[str, Callable[[], Crawl]] = {"two": lambda: _two_processes(server, urls)}
+        if one_process:
+            tries |= {
                 "rate": lambda: _crawl(server, urls, _config(rate=float(RATE))),
                 "adaptive": lambda: _crawl(server, urls, _config(adaptive=True), LEARNING),
                 "unpaced": lambda: _crawl(server, urls, _config(), LEARNING),
-                "two": lambda: _two_processes(server, urls),
-            },
-        )
+            }
+        crawls = alternate(opts.rounds, tries)
+    crowds = [_three_at_two(crowd_urls) for _ in range(opts.rounds)]
     allowed = [float(RATE)] * opts.rounds
 
     def busy(key: str) -> Series:
@@ -156,6 +192,33 @@ def run(opts: Options) -> list[Row]:
         return Series(what, [c.rate for c in crawls[key]])
 
     limit = Series("nginx limit_req rate", allowed)
+    several: list[Row] = [
+        Figure("11", "2 processes: answered 429", "%", busy("two"), goal=Goal("median", "<=", 1.0)),
+        Figure(
+            "11",
+            "2 processes: pages/s of 20",
+            "/s",
+            pages("two", "2 runner processes, rate=20"),
+            limit,
+            Goal("ratio", ">=", 0.9),
+        ),
+        Figure(
+            "11",
+            "concurrency=2, 3 processes: most in flight",
+            "n",
+            Series("the server's count", [float(c.peak) for c in crowds]),
+            goal=Goal("max", "<=", 2.0),
+        ),
+        Figure(
+            "11",
+            "concurrency=2, 3 processes: pages/s",
+            "/s",
+            Series("3 runner processes, concurrency=2", [c.rate for c in crowds]),
+            Series("2 at a time, 50 ms each", [2 / PAGE_SECONDS] * opts.rounds),
+        ),
+    ]
+    if not one_process:
+        return several
     return [
         Figure("11", "rate=20: answered 429", "%", busy("rate"), goal=Goal("median", "<=", 1.0)),
         Figure(
@@ -182,15 +245,7 @@ def run(opts: Options) -> list[Row]:
             limit,
             Goal("ratio", ">=", 0.85),
         ),
-        Figure("11", "2 processes: answered 429", "%", busy("two"), goal=Goal("median", "<=", 1.0)),
-        Figure(
-            "11",
-            "2 processes: pages/s of 20",
-            "/s",
-            pages("two", "2 runner processes, rate=20"),
-            limit,
-            Goal("ratio", ">=", 0.9),
-        ),
+        *several,
     ]
 
 

@@ -13,7 +13,14 @@ pytestmark = pytest.mark.timeout(60)
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 #: The modules a scenario may take from: the suite's own parts.
-SHARED = {"bench.engine", "bench.measure", "bench.nginx", "bench.suite", "bench.workload"}
+SHARED = {
+    "bench.counting",
+    "bench.engine",
+    "bench.measure",
+    "bench.nginx",
+    "bench.suite",
+    "bench.workload",
+}
 
 
 def test_every_scenario_joins_the_suite_once() -> None:

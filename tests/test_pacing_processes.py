@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 
+from bench.counting import Counting
 from tests.helpers import TIMEOUT, serving
 
 #: One runner process: fetch ``jobs`` jobs of ``per_job`` pages of the
@@ -29,46 +26,6 @@ with store.open(where) as db, batch.Runner(db, batch.web.fetch_url, config) as r
         job = r.wait(me, job_id, timeout=120)
         assert job.status == "done", job
 """
-
-
-class Counting(ThreadingHTTPServer):
-    """Answers every GET after ``seconds``, counting what is in flight at
-    once and when each request arrived."""
-
-    daemon_threads = True
-
-    def __init__(self, seconds: float) -> None:
-        self.lock = threading.Lock()
-        self.inflight = self.peak = 0
-        self.arrivals: list[float] = []
-        self.seconds = seconds
-        super().__init__(("127.0.0.1", 0), _Handler)
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Counting
-
-    def do_GET(self) -> None:
-        s = self.server
-        with s.lock:
-            s.arrivals.append(time.monotonic())
-            s.inflight += 1
-            s.peak = max(s.peak, s.inflight)
-        threading.Event().wait(s.seconds)  # the page takes this long to make
-        with s.lock:
-            s.inflight -= 1  # before the answer leaves: its client cannot be quicker
-        body = b"ok"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet."""
 
 
 def run_children(location: str, base: str, kind: str, value: str, n: int) -> None:
