@@ -18,7 +18,10 @@ Guarantees (``docs/concurrency.md`` says how they hold, and within what):
    and a runner starts no faster than its own.
 2. Slots and rate are shared equally among the runners that want the
    upstream; slots left over when they do not divide go to each runner in
-   turn (the turn moves every ``lapse``), so none waits for ever. A share
+   turn (the turn moves every ``lapse``), so none waits for ever. While no
+   runner wants it, one that syncs keeps what it would have alone (of what
+   the others hold none of): a runner whose upstream goes idle now and
+   then, alone on the store above all, starts its next target at once. A share
    another runner must give back first is granted once it has (at its
    next sync): the newcomer waits for that, the limit is never exceeded.
 3. A hold any runner stores is seen by every runner at its next sync, and
@@ -89,7 +92,7 @@ def sync(
         wanting = sorted(
             [other for other, demand, _, _ in rivals if demand > 0]
             + ([runner_id] if want.demand > 0 else [])
-        )
+        ) or [runner_id]
         slots = rate = None
         kept, kept_rate = 0, 0.0
         if want.concurrency is not None:
@@ -102,7 +105,7 @@ def sync(
             rate = kept_rate = min(free_rate, fair_rate)
         rows.append((want.upstream, runner_id, want.demand, kept, kept_rate, now, lapse))
         shares[want.upstream] = UpstreamShare(
-            max(1, len(wanting)), slots, rate, max(0.0, held[want.upstream] - now)
+            len(wanting), slots, rate, max(0.0, held[want.upstream] - now)
         )
     tx.executemany(
         "INSERT INTO upstream_shares"

@@ -61,8 +61,12 @@ def test_slots_in_flight_are_kept_until_they_return(db: store.Store, clock: Cloc
     assert slots(db, "b", concurrency=2) == 1
 
 
-def test_a_runner_that_wants_nothing_holds_nothing(db: store.Store, clock: Clock) -> None:
-    assert slots(db, "a", concurrency=2) == 2
+def test_a_runner_that_wants_nothing_keeps_its_share_until_another_does(
+    db: store.Store, clock: Clock
+) -> None:
+    assert slots(db, "a", concurrency=2, demand=0) == 2  # nobody wants it
+    assert slots(db, "b", concurrency=2, demand=0) == 0  # a keeps it
+    assert slots(db, "b", concurrency=2) == 0  # b wants it: a gives it back first
     assert slots(db, "a", concurrency=2, demand=0) == 0
     assert slots(db, "b", concurrency=2) == 2
     assert db.sync_upstreams("b", LAPSE, want(concurrency=2))[UP].runners == 1
@@ -115,8 +119,9 @@ def test_the_rate_is_shared_and_never_granted_twice(db: store.Store, clock: Cloc
     assert rate("b") == 0.0  # a holds it all until it syncs
     assert rate("a") == 10.0
     assert rate("b") == 10.0
-    assert rate("a", demand=0) == 0.0
+    assert rate("a", demand=0) == 0.0  # b wants it
     assert rate("b") == 20.0
+    assert rate("b", demand=0) == 20.0  # nobody wants it: b keeps it
 
 
 def test_upstreams_no_longer_named_are_let_go(db: store.Store, clock: Clock) -> None:
