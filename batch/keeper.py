@@ -111,8 +111,12 @@ def _sync_upstreams(s: State[C], shared: bool) -> bool:
     the holds of its busy answers; take its share of each. ``shared``:
     whether the store holds rows of this runner's upstreams (an idle runner
     that wants none, and has none there, makes no call). Returns whether it
-    does now."""
-    wants = s.rotation.wants(s.clock.monotonic())
+    does now. The shares are taken as of the moment the sync began, as a
+    lease is renewed from the moment its beat began: a share lasts no
+    longer than its lapse from when the store granted it, and a hold told
+    and told back is the one this runner had, however long the call took."""
+    asked = s.clock.monotonic()
+    wants = s.rotation.wants(asked)
     if not wants and not shared:
         return False
     trouble = s.trouble("sharing upstreams")
@@ -125,8 +129,8 @@ def _sync_upstreams(s: State[C], shared: bool) -> bool:
         s.rotation.not_shared(wants)
         return True
     trouble.ok()
+    s.rotation.shared(shares, asked, lapse)
     now = s.clock.monotonic()
-    s.rotation.shared(shares, now, lapse)
     s.upstreams_news()
     s.pass_on(now)  # jobs parked on them may start now
     due_in = s.rotation.next_retry_in(now)
