@@ -1,18 +1,23 @@
 """A local HTTP server that counts what reaches it: how many requests are
 in flight at once (the most of them), and when each arrived. Each GET is
 answered ``ok`` after ``seconds``, as a page that takes that long to make.
-The bench and the tests measure a concurrency limit against it."""
+The bench and the tests measure a concurrency limit against it, and serve
+it (or any other server of theirs) on a thread with :func:`serving`."""
 
 from __future__ import annotations
 
 import contextlib
+import socketserver
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["Counting", "running"]
+__all__ = ["Counting", "serving"]
+
+#: Seconds to wait for the serving thread to end after its shutdown.
+JOIN = 60.0
 
 
 class Counting(ThreadingHTTPServer):
@@ -56,16 +61,19 @@ class _Handler(BaseHTTPRequestHandler):
         """Quiet."""
 
 
+S = TypeVar("S", bound=socketserver.BaseServer)
+
+
 @contextlib.contextmanager
-def running(seconds: float) -> Iterator[Counting]:
-    """A :class:`Counting` server serving on a thread for the block."""
-    server = Counting(seconds)
-    # A short poll: shutdown() waits for it.
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+def serving(server: S) -> Iterator[S]:
+    """Serve on a thread of its own for the block, then shut the server down
+    and close it (joining its handler threads, if it keeps them)."""
+    # A short poll: shutdown() waits for it, at every teardown.
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,))
     thread.start()
     try:
         yield server
     finally:
         server.shutdown()
         server.server_close()
-        thread.join()
+        thread.join(JOIN)

@@ -147,7 +147,7 @@ def _two_processes(server: nginx.Nginx, urls: int) -> Crawl:
 
 
 def _three_at_two(urls: int) -> Crowd:
-    with counting.running(PAGE_SECONDS) as server:
+    with counting.serving(counting.Counting(PAGE_SECONDS)) as server:
         _processes(server.base, urls, 3, '{"concurrency": 2}')
     span = max(server.arrivals) - min(server.arrivals)
     return Crowd(server.peak, len(server.arrivals) / span)

@@ -9,14 +9,13 @@ import itertools
 import json
 import os
 import select
-import socketserver
 import sqlite3
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 import pytest
@@ -448,24 +447,6 @@ class Script:
             assert gate.wait(TIMEOUT), f"{ref} was never released"
         answer = self._answers.get(ref)
         return {"ref": ref} if answer is None else answer(ctx, n)
-
-
-S = TypeVar("S", bound=socketserver.BaseServer)
-
-
-@contextlib.contextmanager
-def serving(server: S) -> Iterator[S]:
-    """Serve on a thread of its own for the block, then shut the server down
-    and close it (joining its handler threads, if it keeps them)."""
-    # A short poll: shutdown() waits for it, at every teardown.
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,))
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(TIMEOUT)
 
 
 @contextlib.contextmanager

@@ -23,7 +23,8 @@ import pytest
 
 import batch
 import store
-from tests.helpers import frozen, serving, within
+from bench.counting import serving
+from tests.helpers import frozen, within
 
 pytestmark = pytest.mark.timeout(60)
 

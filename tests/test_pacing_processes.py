@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from bench.counting import Counting
-from tests.helpers import TIMEOUT, serving
+from bench.counting import Counting, serving
+from tests.helpers import TIMEOUT
 
 #: One runner process: fetch ``jobs`` jobs of ``per_job`` pages of the
 #: server at argv[2], on the store at argv[1], paced by argv[3]'s limit.

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import batch
 from batch import web
-from tests.helpers import serving
+from bench.counting import serving
 
 pytestmark = pytest.mark.timeout(60)
 
