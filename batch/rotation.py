@@ -537,15 +537,19 @@ class Rotation(Generic[C]):
 
     def shared(self, shares: Mapping[str, store.UpstreamShare], now: float, lapse: float) -> None:
         """A sync at ``now`` said this runner's share of these upstreams:
-        jobs parked on them may start as it allows."""
+        jobs parked on one that only a sync could let start (no share yet,
+        no slot, none of the rate) may start as it allows. (Those parked
+        with a time to start at keep their timer.)"""
         if self.paces is None:
             return
         for pace in self.paces:
             share = shares.get(pace.name)
             if share is not None:
+                waiting = pace.wait(now) is None
                 pace.shared(share, now, lapse)
                 self.paces.watch(pace, now)
-                self._schedule(pace, now)
+                if waiting:
+                    self._schedule(pace, now)
 
     def not_shared(self, wants: list[store.UpstreamWant]) -> None:
         """A sync of ``wants`` failed: their holds are told at the next."""

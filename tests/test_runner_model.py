@@ -131,7 +131,25 @@ class RunnerMachine(RuleBasedStateMachine):
 
     def settle(self) -> None:
         """Take every fetch the runner starts now (each free worker picks while
-        a job is ready), checking that each is one the model allows."""
+        a job is ready), checking that each is one the model allows. With
+        upstreams, then wait for any job parked until the store shares its
+        upstream with the runner (the first time the runner meets it) to be
+        let go, and take what starts then: so what starts next never depends
+        on how long the keeper's sync took."""
+        self.take_calls()
+        if self.limits is not None:
+            assert eventually(self.shared), "the store never shared an upstream"
+            self.take_calls()
+
+    def shared(self) -> bool:
+        """Whether no live job waits for a share of its upstream."""
+        return not any(
+            self.runner.explain(CALLERS[job.caller], job.id).get("why") == "share"
+            for job in self.model.live
+        )
+
+    def take_calls(self) -> None:
+        """Take every fetch the runner starts now (see ``settle``)."""
         model = self.model
         while not model.closed and len(self.calls) < self.workers and model.any_ready():
             try:
