@@ -41,6 +41,16 @@ def finish(p: Pace, now: float, answer: Answer, seconds: float = 0.01, after: fl
     p.finish(now, answer, seconds, after, random.Random(0))
 
 
+def answered(p: Pace, now: float, times: int, every: float) -> float:
+    """``times`` targets of ``p`` started and answered done, ``every``
+    seconds apart from ``now`` on; the time after the last."""
+    for _ in range(times):
+        p.start(now)
+        finish(p, now, Answer.DONE)
+        now += every
+    return now
+
+
 def test_no_limit_never_waits() -> None:
     p = pace()
     for _ in range(100):
@@ -140,11 +150,7 @@ def test_a_success_between_failures_keeps_the_breaker_closed() -> None:
 
 def test_adaptive_learns_a_rate_from_the_busy_answers_and_stays_below_it() -> None:
     p = pace(adaptive=True)
-    now = 0.0
-    for _ in range(50):  # 50 starts in the last second, one at a time
-        p.start(now)
-        finish(p, now, Answer.DONE)
-        now += 0.02
+    now = answered(p, 0.0, 50, 0.02)  # 50 starts in the last second, one at a time
     assert p.rate is None
     p.start(now)
     finish(p, now, Answer.BUSY, after=1.0)
@@ -162,31 +168,20 @@ def test_adaptive_learns_a_rate_from_the_busy_answers_and_stays_below_it() -> No
     finish(p, now, Answer.BUSY, after=1.0)
     assert p.rate == pytest.approx(p.ceiling * CUT)
     # Quiet answers bring it back just under the ceiling, not past it.
-    for _ in range(200):
-        now += 0.05
-        p.start(now)
-        finish(p, now, Answer.DONE)
+    answered(p, now + 0.05, 200, 0.05)
     assert p.rate == pytest.approx(p.ceiling * BELOW, rel=0.01)
 
 
 def test_adaptive_never_goes_above_what_is_configured() -> None:
     p = pace(adaptive=True, rate=5.0, concurrency=3)
-    now = 0.0
-    for _ in range(1000):
-        p.start(now)
-        finish(p, now, Answer.DONE)
-        now += 0.2
+    answered(p, 0.0, 1000, 0.2)
     assert p.rate == 5.0
     assert p.concurrency == 3.0
 
 
 def test_adaptive_cuts_concurrency_at_a_busy_answer() -> None:
     p = pace(adaptive=True, concurrency=10)
-    now = 0.0
-    for _ in range(200):
-        p.start(now)
-        finish(p, now, Answer.DONE)
-        now += 1.0
+    now = answered(p, 0.0, 200, 1.0)
     assert p.concurrency == 10.0
     for _ in range(8):
         p.start(now)
