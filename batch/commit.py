@@ -45,9 +45,7 @@ def finished(s: State[C], job: LiveJob[C], outcome: Outcome) -> None:
         now = s.clock.monotonic()
         s.rotation.returned(job, _ANSWERS[outcome.status], outcome.seconds, outcome.after, now)
         s.pass_on(now)  # a job parked on that upstream may start now
-        s.upstreams_news()
-        if s.rotation.paces is not None and s.rotation.paces.fresh:
-            s.chores.notify()  # a hold to tell the store's other runners
+        s.paced()
     s.finished.append((job, outcome))
 
 

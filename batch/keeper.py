@@ -131,11 +131,9 @@ def _sync_upstreams(s: State[C], shared: bool) -> bool:
     trouble.ok()
     s.rotation.shared(shares, asked, lapse)
     now = s.clock.monotonic()
-    s.upstreams_news()
+    s.paced()
     s.pass_on(now)  # jobs parked on them may start now
-    due_in = s.rotation.next_retry_in(now)
-    if due_in is not None:
-        s.retry_at(now + due_in)  # or at a time no sleeper knows of yet
+    s.keep_timer(now)
     return bool(wants)
 
 

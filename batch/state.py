@@ -197,10 +197,13 @@ class State(Generic[C]):
         self.counts.stored += 1
         call_hook(self.hooks.target, err, seconds, nbytes)
 
-    def upstreams_news(self) -> None:
-        """Tell the hooks of the upstreams held or released since last told."""
+    def paced(self) -> None:
+        """The rotation's paces may have changed (a pick, an answer, a sync):
+        tell the hooks of the upstreams held or released since last told,
+        and the keeper if the store's other runners are to know of one (new,
+        or held by a busy answer here)."""
         paces = self.rotation.paces
-        if paces is None or not paces.news:
+        if paces is None:
             return
         news, paces.news = paces.news, []
         for upstream, held_for in news:
@@ -208,6 +211,15 @@ class State(Generic[C]):
                 call_hook(self.hooks.upstream_released, upstream)
             else:
                 call_hook(self.hooks.upstream_held, upstream, held_for)
+        if paces.fresh:
+            self.chores.notify()
+
+    def keep_timer(self, now: float) -> None:
+        """Jobs may have been parked on an upstream until a time no sleeper
+        knows of yet: one keeps it."""
+        due_in = self.rotation.next_retry_in(now)
+        if due_in is not None:
+            self.retry_at(now + due_in)
 
     def retrying(self, err: BaseException, wait: float) -> None:
         """A busy target will be tried again in ``wait`` seconds."""

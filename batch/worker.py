@@ -75,19 +75,11 @@ def take(s: State[C]) -> LiveJob[C] | None:
     the lock held; whoever takes the job fetches its next target."""
     now = s.clock.monotonic()
     job = None if now >= s.valid_until else s.rotation.pick(now)
-    paces = s.rotation.paces
-    if paces is not None:
-        s.upstreams_news()
-        if paces.fresh:
-            s.chores.notify()  # an upstream the store's runners share: sync it
+    s.paced()
     if job is None:
         return None  # the caller sleeps, on the earliest time a job may start
-    if paces is not None:
-        # The pick may have parked jobs on an upstream until a time no
-        # sleeper knows of yet: one keeps it.
-        due_in = s.rotation.next_retry_in(now)
-        if due_in is not None:
-            s.retry_at(now + due_in)
+    if s.rotation.paces is not None:
+        s.keep_timer(now)
     s.pass_on(now)
     if job.start():
         if not s.starting:
