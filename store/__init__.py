@@ -11,7 +11,7 @@ with store.open("postgresql://app@db.internal/jobs") as db:  # pip install 'batc
 __version__ = "0.2.0"
 
 from .db import CANCELLED, RESYNC, WORK
-from .errors import Conflict, InvalidRun, NotFound, StoreError, Unsatisfiable
+from .errors import Conflict, EventsPruned, InvalidRun, NotFound, StoreError, Unsatisfiable
 from .record import label
 from .shapes import (
     Advert,
@@ -19,6 +19,7 @@ from .shapes import (
     Assignment,
     Beat,
     Claim,
+    Event,
     JobRow,
     JobSummary,
     Lease,
@@ -46,6 +47,8 @@ __all__ = [
     "Beat",
     "Claim",
     "Conflict",
+    "Event",
+    "EventsPruned",
     "InvalidRun",
     "JobRow",
     "JobStatus",

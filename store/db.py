@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CANCELLED",
+    "EVENT",
     "RESYNC",
     "WORK",
     "Cursor",
@@ -45,6 +46,8 @@ CANCELLED = "cancel:"
 WORK = "work"
 #: Notices may have been lost: look at the store.
 RESYNC = "resync"
+#: Events were written (``store.events``): watchers read what is new.
+EVENT = "event"
 
 
 class Cursor(Protocol):
@@ -210,6 +213,17 @@ class Database(abc.ABC):
         """Send ``notice`` to the subscribers of every process, once ``tx``
         commits (never if it rolls back). An engine that cannot sends
         nothing: its subscribers learn by polling."""
+
+    def horizon(self, tx: Tx, *, bound: bool) -> tuple[int, int] | None:
+        """Where writers side by side number events before they commit
+        (PostgreSQL), what tells a number missing for good from one a
+        transaction in flight may still commit (``store.events``): an id
+        below which every transaction has ended, as of ``tx``'s snapshot;
+        and, given ``bound``, an id above that of every transaction that
+        had one when the snapshot was taken (it takes an id for ``tx``:
+        asked only when a number is missing), else 0. None where one writer
+        at a time numbers events as it commits (SQLite)."""
+        return None
 
     @abc.abstractmethod
     def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["Conflict", "InvalidRun", "NotFound", "StoreError", "Unsatisfiable"]
+__all__ = ["Conflict", "EventsPruned", "InvalidRun", "NotFound", "StoreError", "Unsatisfiable"]
 
 
 class StoreError(Exception):
@@ -25,3 +25,7 @@ class Conflict(StoreError):
 class InvalidRun(StoreError, ValueError):
     """The submitted run is malformed (empty, duplicate names, bad kind or needs);
     nothing was stored."""
+
+
+class EventsPruned(StoreError, LookupError):
+    """A watch asked for events after a number the store has pruned since."""

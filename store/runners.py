@@ -33,7 +33,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from . import jobs
+from . import events, jobs
 from .db import Tx, in_list
 from .jobs import NO_LIMIT
 from .shapes import Beat, JobRow
@@ -96,6 +96,9 @@ def beat(
     # beat that keeps it may be giving a stall back to that very lease in a
     # transaction not yet committed (guarantee 2).
     clock = _give_back_stall(conn, now, lapse)
+    if clock:
+        # The beat that keeps the clock does the store's chores for all.
+        events.prune(conn, now - events.KEPT)
     held: dict[str, int] = {}
     ended: set[str] = set()
     # The one renewal statement: every lease of the runner, live or not; a

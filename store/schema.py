@@ -282,6 +282,72 @@ _UPSTREAMS = (
     """,
 )
 
+_EVENTS = (
+    # What happens on the store, in commit order (``store.events``): a row
+    # per change, written by triggers in the transaction that makes the
+    # change, whichever statement makes it. seq: AUTOINCREMENT, never
+    # reused once pruned. ``store_now()`` is the transaction's time, a
+    # function each writing connection defines.
+    """
+    CREATE TABLE events (
+        seq  INTEGER PRIMARY KEY AUTOINCREMENT,
+        kind TEXT    NOT NULL,
+        id   TEXT    NOT NULL,
+        at   REAL    NOT NULL,
+        data TEXT    NOT NULL
+    )
+    """,
+    # Every event at or below ``below`` was pruned: a watch from there has
+    # lost some.
+    """
+    CREATE TABLE events_pruned (
+        one   INTEGER PRIMARY KEY CHECK (one = 1),
+        below INTEGER NOT NULL
+    )
+    """,
+    "INSERT INTO events_pruned (one, below) VALUES (1, 0)",
+    """
+    CREATE TRIGGER job_submitted AFTER INSERT ON jobs BEGIN
+        INSERT INTO events (kind, id, at, data) VALUES ('job.submitted', new.id, store_now(),
+            json_object('owner', new.owner, 'name', new.name, 'targets', new.ntargets));
+    END
+    """,
+    """
+    CREATE TRIGGER job_moved AFTER UPDATE OF status ON jobs
+    WHEN old.status IN ('queued', 'running') AND new.status IS NOT old.status
+         AND new.status <> 'queued'
+    BEGIN
+        INSERT INTO events (kind, id, at, data) VALUES (
+            CASE new.status WHEN 'running' THEN 'job.started' ELSE 'job.ended' END,
+            new.id, store_now(), json_object('owner', new.owner, 'status', new.status));
+    END
+    """,
+    """
+    CREATE TRIGGER target_stored AFTER UPDATE OF status ON targets
+    WHEN old.status = 'pending' AND new.status <> 'pending'
+    BEGIN
+        INSERT INTO events (kind, id, at, data) VALUES ('target.stored', new.job_id,
+            store_now(), json_object('pos', new.pos, 'status', new.status));
+    END
+    """,
+    """
+    CREATE TRIGGER run_submitted AFTER INSERT ON runs BEGIN
+        INSERT INTO events (kind, id, at, data) VALUES (
+            CASE new.state WHEN 'QUEUED' THEN 'run.queued' ELSE 'run.started' END,
+            new.id, store_now(), json_object('state', new.state));
+    END
+    """,
+    """
+    CREATE TRIGGER run_moved AFTER UPDATE OF state ON runs
+    WHEN new.state IS NOT old.state
+    BEGIN
+        INSERT INTO events (kind, id, at, data) VALUES (
+            CASE new.state WHEN 'RUNNING' THEN 'run.started' ELSE 'run.ended' END,
+            new.id, store_now(), json_object('state', new.state, 'reason', new.reason));
+    END
+    """,
+)
+
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _JOBS,
     _RUNS,
@@ -293,5 +359,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _QUEUE_CHANGES,
     _BYTE_SLOTS,
     _UPSTREAMS,
+    _EVENTS,
 )
 VERSION = len(MIGRATIONS)

@@ -16,6 +16,7 @@ __all__ = [
     "Assignment",
     "Beat",
     "Claim",
+    "Event",
     "JobRow",
     "JobSummary",
     "Lease",
@@ -31,6 +32,26 @@ __all__ = [
     "UpstreamView",
     "UpstreamWant",
 ]
+
+# -- events --------------------------------------------------------------------
+
+
+class Event(NamedTuple):
+    """One thing that happened on the store (``Store.watch``): its number
+    ``seq`` (resume after it with ``since=seq``), its ``kind`` (one of
+    ``store.events.KINDS``), the ``id`` of its job or run, when it
+    happened by the store's clock (``at``, seconds since the epoch), and
+    what the kind tells (``data``: ``owner``, ``name`` and ``targets`` of a
+    job submitted; ``owner`` and ``status`` of a job started or ended;
+    ``pos`` and ``status`` of a target stored; ``state``, and ``reason``
+    once it moves, of a run)."""
+
+    seq: int
+    kind: str
+    id: str
+    at: float
+    data: dict[str, Any]
+
 
 # -- batch jobs ----------------------------------------------------------------
 

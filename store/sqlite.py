@@ -86,6 +86,9 @@ class SQLiteDatabase(Database):
             )
         except sqlite3.Error as e:
             raise StoreError(f"cannot open store {self.path!r}: {e}{_advice(e)}") from e
+        # The time of the open transaction, for the triggers that write events.
+        conn = self._conn
+        conn.create_function("store_now", 0, lambda: conn.now)
         try:
             # sqlite3.connect reads nothing: these are the first statements to
             # find out that the file is not a database, or cannot be written.

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import jobs, nodes, outcomes, queue, record, runners, runs, upstreams, waiting
+from . import events, jobs, nodes, outcomes, queue, record, runners, runs, upstreams, waiting
 from .db import CANCELLED, WORK, Database, Synchronous, Tracer, Tx, in_list
 from .errors import StoreError
 from .explain import explain as explain_run
@@ -60,6 +60,7 @@ class Store:
         reserve_after: float | None,
     ) -> None:
         self._db = db
+        self._feed = events.Feed(db)
         self._fleets = nodes.Fleets()
         self._reserved = waiting.Reservations()
         self.lease_ttl = lease_ttl
@@ -90,6 +91,7 @@ class Store:
 
     def close(self) -> None:
         """Close the file. Idempotent."""
+        self._feed.close()
         self._db.close()
 
     def __enter__(self) -> Store:
@@ -105,6 +107,25 @@ class Store:
 
     def __repr__(self) -> str:
         return f"<store.Store {self.path!r}>"
+
+    # -- events ---------------------------------------------------------------
+
+    def watch(self, since: int | None = None, timeout: float | None = None) -> events.Watch:
+        """What happens on the store from now on (or after the event
+        numbered ``since``), from every process and host, in commit order:
+        an iterator of ``Event``, each yielded once its change committed.
+        It ends once ``timeout`` seconds pass without an event (None: never;
+        close it, or leave the loop, to stop sooner). A watch seeing
+        ``event`` may stop and resume with ``since=event.seq``, missing
+        nothing, for as long as the store keeps events (``events.KEPT``
+        seconds); after that it raises ``EventsPruned``.
+
+        A new event is seen within ``events.POLL`` seconds (PostgreSQL: as
+        its notice arrives). Every watcher of one ``Store`` shares one
+        reader of the store. Raises ``StoreError`` if the store cannot be
+        read (the watch ends; resume from its ``seq``), and when the store
+        closes."""
+        return self._feed.watch(since, timeout)
 
     # -- batch jobs ---------------------------------------------------------
 

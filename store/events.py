@@ -1,0 +1,369 @@
+"""What happens on the store, as a stream: ``Store.watch``.
+
+Each change a watcher may want writes an event row in the transaction that
+makes it: triggers of the schema write them, whichever statement makes the
+change (``store.schema``; PostgreSQL's in ``store.postgres``). So an event
+is there if and only if its change committed, and the events of one job or
+run come in the order of its changes.
+
+Order. On SQLite one writer at a time numbers the events (``seq``) as it
+commits: commit order, without gaps that ever fill. On PostgreSQL writers
+commit side by side, and a number is drawn before its transaction commits:
+a number can show up after a greater one. A reader never passes over a
+number it has not seen until every transaction that could still commit it
+has ended (:meth:`Feed._settle`): after that the gap is for good (a
+transaction that rolled back). Numbers are drawn after the rows of the
+change are locked, so two changes of one job or run are numbered in the
+order they committed.
+
+Waking. One thread per ``Store`` reads what is new for all its watchers
+(a hundred watchers cost the store one reader): on PostgreSQL when a
+notice says events were written (and every :data:`POLL` seconds, in case
+one is lost), on SQLite every :data:`POLL` seconds.
+
+Events older than :data:`KEPT` seconds are pruned by the runners' beats,
+:data:`PRUNE_ROWS` at a time; a watch from a number pruned since raises
+``EventsPruned``.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from .db import EVENT, RESYNC, Database, Tx
+from .errors import EventsPruned, StoreError
+from .shapes import Event
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["KEPT", "KINDS", "POLL", "PRUNE_ROWS", "Feed", "Watch", "prune"]
+
+log = logging.getLogger("store")
+
+#: The kinds of events, in the order of a job's or a run's life.
+KINDS = (
+    "job.submitted",
+    "job.started",
+    "target.stored",
+    "job.ended",
+    "run.queued",
+    "run.started",
+    "run.ended",
+)
+#: Seconds an event is kept.
+KEPT = 3600.0
+#: Events pruned in one transaction at most.
+PRUNE_ROWS = 5000
+#: Seconds between looks for new events when nothing says there are some.
+POLL = 0.05
+#: Seconds between looks while a number is missing that a transaction in
+#: flight may still commit (it commits within milliseconds).
+GAP_POLL = 0.002
+#: Events read in one transaction at most.
+READ_ROWS = 1000
+#: Events a feed keeps in memory for its watchers; one that falls further
+#: behind reads the store.
+RECENT = 10_000
+
+_SELECT = "SELECT seq, kind, id, at, data FROM events"
+
+
+def _events(rows: list[tuple[int, str, str, float, str]]) -> list[Event]:
+    return [Event(seq, kind, id_, at, json.loads(data)) for seq, kind, id_, at, data in rows]
+
+
+def prune(tx: Tx, before: float) -> int:
+    """Delete up to :data:`PRUNE_ROWS` of the oldest events written before
+    ``before``; how many. The oldest event is read first: a store whose
+    oldest is young costs one row read."""
+    oldest = tx.execute(f"{_SELECT} ORDER BY seq LIMIT 1").fetchone()
+    if oldest is None or oldest[3] >= before:
+        return 0
+    gone = [
+        seq
+        for (seq,) in tx.execute(
+            "DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE at < ?"
+            " ORDER BY seq LIMIT ?) RETURNING seq",
+            (before, PRUNE_ROWS),
+        )
+    ]
+    if gone:
+        tx.execute("UPDATE events_pruned SET below = ? WHERE below < ?", (max(gone), max(gone)))
+    return len(gone)
+
+
+class Feed:
+    """The events of one store as this process reads them, for every watcher
+    of one ``Store``: one thread reads while any watcher is left.
+
+    ``_cond`` guards ``_seq`` (every number at or below it is settled, but
+    for those at or below ``_unsettled[0]`` while that is not None: read,
+    or missing for good), ``_recent`` (the events read last, up to
+    ``_seq``, in order), ``_from`` (every settled event above it is in
+    ``_recent``), ``_watchers``, ``_thread`` (the reading thread; another
+    one left over from before stops at its next look), ``_woken``, ``_gap``
+    and ``_failed`` (what the last read raised, if it failed). Watchers
+    wait on it for ``_seq`` to move; the thread, for a notice.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._cond = threading.Condition()
+        self._seq = self._from = 0
+        self._recent: collections.deque[Event] = collections.deque(maxlen=RECENT)
+        self._watchers = 0
+        self._thread: threading.Thread | None = None
+        self._woken = False
+        self._failed: StoreError | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+        #: The gap being waited out (``_settle``).
+        self._gap: tuple[int, int] | None = None
+        #: When the thread started, the last number it found, and the
+        #: transaction ids at or above which one in flight may still commit
+        #: a number below it: until they have ended, a watcher from an
+        #: earlier number waits.
+        self._unsettled: tuple[int, int] | None = None
+        self._closed = False
+
+    def watch(self, since: int | None, timeout: float | None) -> Watch:
+        """A :class:`Watch` of the events after ``since`` (None: from now on)."""
+        if since is not None and (not isinstance(since, int) or isinstance(since, bool)):
+            raise TypeError(f"since is an event's seq (an int) or None, not {since!r}")
+        if timeout is not None and (
+            not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0
+        ):
+            raise ValueError(f"timeout is seconds >= 0 or None, not {timeout!r}")
+        start = self._join()
+        return Watch(self, start if since is None else since, timeout)
+
+    def close(self) -> None:
+        """The store closed: every watch raises ``StoreError``, the thread stops."""
+        with self._cond:
+            self._closed = True
+            self._thread = None
+            self._cond.notify_all()
+
+    def next(self, seq: int, timeout: float | None) -> list[Event]:
+        """The settled events after ``seq`` (a batch of them), waiting up to
+        ``timeout`` for one; none once it passes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise StoreError("the store is closed")
+                if self._failed is not None:
+                    raise self._failed
+                ready = self._unsettled is None or seq >= self._unsettled[0]
+                if ready and self._seq > seq:
+                    if seq >= self._from:
+                        return _after(self._recent, seq)
+                    upto = self._seq
+                    break
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return []
+                self._cond.wait(remaining)
+        # Behind what is kept in memory: settled events, read at once.
+        return self._db.read(lambda tx: _behind(tx, seq, upto))
+
+    # -- the reading thread -------------------------------------------------
+
+    def _join(self) -> int:
+        """Count one more watcher, and return where the events stand; the
+        first starts the thread, once it has read that."""
+        with self._cond:
+            if self._closed:
+                raise StoreError("the store is closed")
+            self._watchers += 1
+            if self._thread is not None:
+                return self._seq
+        try:
+            seq, horizon = self._db.read(self._last)
+        except BaseException:
+            self.leave()
+            raise
+        with self._cond:
+            if self._thread is None and not self._closed:
+                self._seq = self._from = seq
+                self._recent.clear()
+                self._gap = self._failed = None
+                self._unsettled = None if horizon is None else (seq, horizon[1])
+                self._unsubscribe = self._db.subscribe(self._notice)
+                self._thread = threading.Thread(target=self._read, name="store-events", daemon=True)
+                self._thread.start()
+            return self._seq
+
+    def leave(self) -> None:
+        with self._cond:
+            self._watchers -= 1
+            if self._watchers:
+                return
+            self._thread = None
+            unsubscribe, self._unsubscribe = self._unsubscribe, None
+            self._cond.notify_all()
+        if unsubscribe is not None:
+            unsubscribe()
+
+    def _last(self, tx: Tx) -> tuple[int, tuple[int, int] | None]:
+        (seq,) = tx.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()
+        return seq, self._db.horizon(tx, bound=True)
+
+    def _notice(self, notice: str) -> None:
+        if notice in (EVENT, RESYNC):
+            with self._cond:
+                self._woken = True
+                self._cond.notify_all()
+
+    def _read(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._cond:
+                if self._thread is not me:
+                    return
+                seq = self._seq
+                self._woken = False
+            failed = None
+            try:
+                rows, horizon = self._db.read(functools.partial(self._new, seq=seq))
+            except StoreError as e:
+                failed = e
+            with self._cond:
+                if self._thread is not me:
+                    return
+                self._failed = failed
+                if failed is None:
+                    settled, self._gap = _settle(seq, rows, horizon, self._gap)
+                    if self._unsettled and horizon and horizon[0] >= self._unsettled[1]:
+                        self._unsettled = None
+                    if settled:
+                        self._recent.extend(settled)
+                        self._seq = settled[-1].seq
+                        if len(self._recent) == self._recent.maxlen:
+                            self._from = self._recent[0].seq - 1
+                        if len(rows) == READ_ROWS:
+                            continue  # more to read
+                self._cond.notify_all()
+                self._cond.wait_for(
+                    lambda: self._woken or self._thread is not me,
+                    POLL if self._gap is None else GAP_POLL,
+                )
+
+    def _new(self, tx: Tx, *, seq: int) -> tuple[list[Event], tuple[int, int] | None]:
+        events = _events(
+            tx.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT ?", (seq, READ_ROWS)).fetchall()
+        )
+        missing = bool(events) and events[-1].seq - seq != len(events)
+        return events, self._db.horizon(tx, bound=missing)
+
+
+class Watch(Iterator[Event]):
+    """The events after a number, in order, as they commit (``Store.watch``):
+    an iterator that ends once ``timeout`` seconds pass without one.
+    ``seq`` is the number of the last event it gave (where a new watch
+    resumes). Close it (or leave a ``with`` block) to stop watching; it
+    also stops once unreferenced."""
+
+    def __init__(self, feed: Feed, seq: int, timeout: float | None) -> None:
+        self._feed = feed
+        self.seq = seq
+        self._timeout = timeout
+        self._batch: collections.deque[Event] = collections.deque()
+        self._open = True
+
+    def __next__(self) -> Event:
+        if not self._batch:
+            if not self._open:
+                raise StopIteration
+            try:
+                self._batch.extend(self._feed.next(self.seq, self._timeout))
+            except BaseException:
+                self.close()
+                raise
+            if not self._batch:
+                self.close()
+                raise StopIteration
+        event = self._batch.popleft()
+        self.seq = event.seq
+        return event
+
+    def close(self) -> None:
+        """Stop watching. Idempotent."""
+        if self._open:
+            self._open = False
+            self._batch.clear()
+            self._feed.leave()
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _after(recent: collections.deque[Event], seq: int) -> list[Event]:
+    """The events of ``recent`` after ``seq``, read from the newest end: a
+    watcher that keeps up costs what it is given."""
+    new = []
+    for event in reversed(recent):
+        if event.seq <= seq:
+            break
+        new.append(event)
+    new.reverse()
+    return new
+
+
+def _behind(tx: Tx, seq: int, upto: int) -> list[Event]:
+    """The events after ``seq`` up to ``upto`` (all settled), a batch of them."""
+    (below,) = tx.execute("SELECT below FROM events_pruned").fetchone()
+    if below > seq:
+        raise EventsPruned(
+            f"events after {seq} were pruned (those up to {below} are gone): watch from"
+            " None, and read the store's state afresh"
+        )
+    return _events(
+        tx.execute(
+            f"{_SELECT} WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+            (seq, upto, READ_ROWS),
+        ).fetchall()
+    )
+
+
+def _settle(
+    seq: int,
+    events: list[Event],
+    horizon: tuple[int, int] | None,
+    gap: tuple[int, int] | None,
+) -> tuple[list[Event], tuple[int, int] | None]:
+    """Those of ``events`` (read after ``seq``, in order) that are settled,
+    and the gap still waited out: the first number missing, and the
+    transaction id at or above which one may still commit it. ``horizon``:
+    ``Database.horizon`` of the read, its bound asked for if a number is
+    missing; None where numbers come in commit order.
+
+    A number missing before one that was read was drawn before it, by a
+    transaction that had its id already (numbers are drawn after the
+    change's own writes): below the bound of the read that found it
+    missing. Once a read's first id reaches that bound, that transaction
+    has ended, and the number is missing for good."""
+    settled: list[Event] = []
+    for event in events:
+        if horizon is not None and event.seq != seq + 1:
+            if gap is None or gap[0] != seq + 1:
+                gap = (seq + 1, horizon[1])
+            if horizon[0] < gap[1]:
+                return settled, gap
+        gap = None
+        settled.append(event)
+        seq = event.seq
+    return settled, gap
