@@ -53,7 +53,10 @@ from tests.runner_model import (
     target_index,
 )
 
-pytestmark = pytest.mark.slow
+# The timeout guards against a hang, not a slow run: a machine's hundred
+# examples took 44 s on a loaded two-core host, and up to 66 s when more
+# ran beside it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 # -- the machine ----------------------------------------------------------------
