@@ -301,8 +301,8 @@ class Runner(Generic[C]):
         this runner closed with the job unfinished in its hands.
 
         A job this runner holds is waited for on its condition; one another
-        runner holds is looked up in the store every ``WAIT_POLL`` seconds
-        (so its end is seen that much later at most)."""
+        runner holds, on the store's events (``Store.watch``): its end is
+        seen as its event is."""
         owner = caller_id(caller)
         job_id = checks.stored_id(job_id)
         waits.ended(

@@ -17,6 +17,7 @@ import store
 from .attempt import Outcome
 from .clock import Clock
 from .context import Context
+from .ends import Ends
 from .hooks import Hooks, call_hook
 from .idle import Idle, ThreadSleeper
 from .model import Config
@@ -140,6 +141,8 @@ class State(Generic[C]):
         self.inflight = 0
         self.idle = Idle()
         self.waited: dict[str, int] = {}
+        # The ends of jobs other runners hold, from the store's events.
+        self.ends = Ends(self)
         # By job id: what wakes each coroutine in wait_async for it (once).
         self.watchers: dict[str, list[Callable[[], None]]] = {}
         # Fetches done, outcome not recorded yet (see commit.record).

@@ -107,6 +107,7 @@ class Threads:
         with _OPEN_LOCK:
             _OPEN.discard(s)
         self._unsubscribe()
+        s.ends.stop(None if deadline == math.inf else _left(deadline))
         me = threading.current_thread()
         for t in self._workers:
             if t is not me:

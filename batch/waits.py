@@ -2,11 +2,12 @@
 ``wait_async``, for jobs this runner holds or any other runner on the store
 does.
 
-A job this runner holds is waited for without polling: a thread on the
-``done`` condition, a coroutine on a future its job's end resolves
-(``State.watchers``). A job another runner holds is looked up in the store
-every :data:`WAIT_POLL` seconds (its end is seen that much later at most;
-a notice from another process cannot reach a waiter sooner on SQLite).
+Neither polls: a thread waits on the ``done`` condition, a coroutine on a
+future (``State.watchers``), each told when a job this runner holds leaves
+its rotation, and when the store's events say a job another runner holds
+ended (``batch.ends``). Such a job is looked up in the store once the
+watching began, so no end slips between the look and the wait; and again
+every :data:`WAIT_POLL` seconds, should the watching fail.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import asyncio
 import math
 from collections.abc import Collection
 from typing import TypeVar
+
+import store
 
 from .errors import JobNotFound, RunnerClosed, store_failed
 from .locks import unlocked
@@ -25,8 +28,9 @@ __all__ = ["WAIT_POLL", "ended", "ended_async", "loop_deadline"]
 
 C = TypeVar("C")
 
-#: Seconds between looks at the store for a job another runner holds.
-WAIT_POLL = 0.1
+#: Seconds between looks at the store for a job another runner holds, in
+#: case the store's events fail to tell its end.
+WAIT_POLL = 1.0
 
 
 def ended(s: State[C], owner: str, ids: Collection[str], deadline: float, what: str) -> list[str]:
@@ -40,7 +44,9 @@ def ended(s: State[C], owner: str, ids: Collection[str], deadline: float, what: 
             elsewhere = _not_held(s, owner, ids)
             poll = None
             if elsewhere:
+                told = s.ends.told
                 with unlocked(s.lock), store_failed():
+                    s.ends.start()
                     rows = {r.id: r for r in s.store.list_jobs(ids=elsewhere, owner=owner)}
                 for job_id in elsewhere:
                     if job_id not in rows:
@@ -48,8 +54,10 @@ def ended(s: State[C], owner: str, ids: Collection[str], deadline: float, what: 
                 over = [r for r in rows.values() if r.status not in LIVE_JOB]
                 if over:
                     return [r.id for r in sorted(over, key=lambda r: r.updated_at)]
-                if any(s.rotation.get(job_id) is not None for job_id in elsewhere):
-                    continue  # taken by this runner meanwhile
+                if s.ends.told != told or any(
+                    s.rotation.get(job_id) is not None for job_id in elsewhere
+                ):
+                    continue  # ended, or taken by this runner, meanwhile
                 poll = WAIT_POLL
             remaining = deadline - s.clock.monotonic()
             if remaining <= 0:
@@ -70,8 +78,8 @@ async def ended_async(s: State[C], owner: str, job_id: str, deadline: float) -> 
     """Return once ``owner``'s job is terminal, as :func:`ended` for one job,
     without blocking the event loop: the runner's lock is only ever taken
     for a few steps, the store is read on a thread of the loop's, and the
-    wait is a future (for a job this runner holds) or a sleep between looks
-    (for one another holds). ``deadline`` is on the event loop's clock."""
+    wait is a future, resolved when the job leaves this runner's rotation
+    or the store tells its end. ``deadline`` is on the event loop's clock."""
     loop = asyncio.get_running_loop()
     while True:
         future: asyncio.Future[None] = loop.create_future()
@@ -81,34 +89,40 @@ async def ended_async(s: State[C], owner: str, job_id: str, deadline: float) -> 
 
         with s.lock:
             held = not _not_held(s, owner, (job_id,))
-            if held:
-                s.watchers.setdefault(job_id, []).append(wake)
-        remaining = deadline - loop.time()
-        if held:
-            try:
-                await asyncio.wait_for(future, max(remaining, 0.0))
-            except TimeoutError:
-                raise TimeoutError(f"job {job_id!r} did not end within the timeout") from None
-            finally:
+            s.watchers.setdefault(job_id, []).append(wake)
+        try:
+            if not held:
+                with store_failed():
+                    status = await asyncio.to_thread(_look, s, job_id, owner)
+                if status is None:
+                    raise JobNotFound(f"no job {job_id!r}")
+                if status not in LIVE_JOB:
+                    return
                 with s.lock:
-                    waiting = s.watchers.get(job_id, [])
-                    if wake in waiting:
-                        waiting.remove(wake)
-                        if not waiting:
-                            del s.watchers[job_id]
-            continue
-        with store_failed():
-            status = await asyncio.to_thread(s.store.job_status, job_id, owner)
-        if status is None:
-            raise JobNotFound(f"no job {job_id!r}")
-        if status not in LIVE_JOB:
-            return
-        with s.lock:
-            taken = s.rotation.get(job_id) is not None
-        if not taken:
+                    held = s.rotation.get(job_id) is not None
+                if held:
+                    continue  # taken by this runner meanwhile
+            remaining = deadline - loop.time()
             if remaining <= 0:
                 raise TimeoutError(f"job {job_id!r} did not end within the timeout")
-            await asyncio.sleep(min(WAIT_POLL, remaining))
+            try:
+                await asyncio.wait_for(future, remaining if held else min(WAIT_POLL, remaining))
+            except TimeoutError:
+                if held or loop.time() >= deadline:
+                    raise TimeoutError(f"job {job_id!r} did not end within the timeout") from None
+        finally:
+            with s.lock:
+                waiting = s.watchers.get(job_id, [])
+                if wake in waiting:
+                    waiting.remove(wake)
+                    if not waiting:
+                        del s.watchers[job_id]
+
+
+def _look(s: State[C], job_id: str, owner: str) -> store.JobStatus | None:
+    """The status of a job another runner holds, once its end would be told."""
+    s.ends.start()
+    return s.store.job_status(job_id, owner)
 
 
 def _not_held(s: State[C], owner: str, ids: Collection[str]) -> list[str]:

@@ -151,12 +151,16 @@ class Feed:
             self._thread = None
             self._cond.notify_all()
 
-    def next(self, seq: int, timeout: float | None) -> list[Event]:
-        """The settled events after ``seq`` (a batch of them), waiting up to
-        ``timeout`` for one; none once it passes."""
+    def next(self, watch: Watch, timeout: float | None) -> list[Event]:
+        """The settled events after ``watch.seq`` (a batch of them), waiting
+        up to ``timeout`` for one; none once it passes, or once the watch
+        is closed."""
+        seq = watch.seq
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
+                if not watch.open:
+                    return []
                 if self._closed:
                     raise StoreError("the store is closed")
                 if self._failed is not None:
@@ -188,7 +192,7 @@ class Feed:
         try:
             seq, horizon = self._db.read(self._last)
         except BaseException:
-            self.leave()
+            self._drop()
             raise
         with self._cond:
             if self._thread is None and not self._closed:
@@ -201,7 +205,17 @@ class Feed:
                 self._thread.start()
             return self._seq
 
-    def leave(self) -> None:
+    def leave(self, watch: Watch) -> None:
+        """``watch`` closes: wake its reader, if one waits."""
+        with self._cond:
+            if not watch.open:
+                return
+            watch.open = False
+            self._cond.notify_all()
+        self._drop()
+
+    def _drop(self) -> None:
+        """Count one watcher less; the last stops the thread."""
         with self._cond:
             self._watchers -= 1
             if self._watchers:
@@ -268,38 +282,45 @@ class Watch(Iterator[Event]):
     """The events after a number, in order, as they commit (``Store.watch``):
     an iterator that ends once ``timeout`` seconds pass without one.
     ``seq`` is the number of the last event it gave (where a new watch
-    resumes). Close it (or leave a ``with`` block) to stop watching; it
-    also stops once unreferenced."""
+    resumes). Close it (or leave a ``with`` block) to stop watching, from
+    any thread: a reader waiting in it returns at once. It also stops once
+    unreferenced.
+
+    Read by one thread at a time; ``open`` is guarded by the feed's lock."""
 
     def __init__(self, feed: Feed, seq: int, timeout: float | None) -> None:
         self._feed = feed
         self.seq = seq
         self._timeout = timeout
         self._batch: collections.deque[Event] = collections.deque()
-        self._open = True
+        self.open = True
 
     def __next__(self) -> Event:
+        event = self.get(self._timeout)
+        if event is None:
+            self.close()
+            raise StopIteration
+        return event
+
+    def get(self, timeout: float | None = None) -> Event | None:
+        """The next event, waiting up to ``timeout`` seconds for it (None:
+        for ever); None if none came, or once the watch is closed. The
+        watch stays open: for a loop that also looks at something else."""
         if not self._batch:
-            if not self._open:
-                raise StopIteration
             try:
-                self._batch.extend(self._feed.next(self.seq, self._timeout))
+                self._batch.extend(self._feed.next(self, timeout))
             except BaseException:
                 self.close()
                 raise
             if not self._batch:
-                self.close()
-                raise StopIteration
+                return None
         event = self._batch.popleft()
         self.seq = event.seq
         return event
 
     def close(self) -> None:
         """Stop watching. Idempotent."""
-        if self._open:
-            self._open = False
-            self._batch.clear()
-            self._feed.leave()
+        self._feed.leave(self)
 
     def __enter__(self) -> Watch:
         return self

@@ -6,9 +6,11 @@ and requeueing what failed."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -361,6 +363,76 @@ def test_as_completed_sees_jobs_another_runner_holds(db: store.Store, runner: Ma
         script.release("far")
         (job,) = list(completed)
     assert job.status == "done"
+
+
+#: Seconds longer than any test may last.
+NEVER = 600.0
+
+
+@pytest.mark.parametrize("how", ["wait", "as_completed", "wait_async"])
+def test_a_wait_on_a_job_another_handle_holds_is_woken_by_its_end(
+    location: str, monkeypatch: pytest.MonkeyPatch, runner: MakeRunner, how: str
+) -> None:
+    """A waiter through one runner on a job another runner holds, on
+    another handle of the store, returns at the job's end as the store's
+    events tell it, not at a look every WAIT_POLL (made longer than the
+    test may last, as is the waiter's own timeout)."""
+    monkeypatch.setattr(batch.waits, "WAIT_POLL", NEVER)
+    script = Script()
+    script.hold("far")
+    with (
+        store.open(location) as here,
+        store.open(location) as there,
+        runner(there, script) as running,
+        runner(here, Script()) as asking,
+    ):
+        job_id = running.submit(ALICE, ["far"])
+        script.started("far")
+        waited: list[batch.Job] = []
+
+        def wait() -> None:
+            if how == "wait":
+                waited.append(asking.wait(ALICE, job_id, NEVER))
+            elif how == "as_completed":
+                waited.extend(asking.as_completed(ALICE, [job_id], NEVER))
+            else:
+
+                async def main() -> batch.Job:
+                    # Its look at the store, on a thread the test knows.
+                    pool = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="waiter")
+                    asyncio.get_running_loop().set_default_executor(pool)
+                    return await asking.wait_async(ALICE, job_id, timeout=NEVER)
+
+                waited.append(asyncio.run(main()))
+
+        # Released once the waiter has looked at the store (and so watches).
+        looked = threading.Event()
+
+        def seen() -> None:
+            if threading.current_thread().name.startswith("waiter"):
+                looked.set()
+
+        for name in ("list_jobs", "job_status"):
+            monkeypatch.setattr(here, name, _then(getattr(here, name), seen))
+        waiter = threading.Thread(target=wait, name="waiter")
+        waiter.start()
+        assert looked.wait(TIMEOUT)
+        script.release("far")
+        waiter.join(TIMEOUT)
+        assert not waiter.is_alive()
+    assert [job.status for job in waited] == ["done"]
+
+
+def _then(call: Any, after: Any) -> Any:
+    """``call``, followed by ``after()`` each time."""
+
+    def both(*args: object, **kwargs: object) -> object:
+        try:
+            return call(*args, **kwargs)
+        finally:
+            after()
+
+    return both
 
 
 def test_as_completed_does_not_poll_for_jobs_this_runner_holds(

@@ -73,7 +73,6 @@ from .. import web
 from ..errors import InvalidJob, JobNotFound
 from ..model import Config, Limit, Target
 from ..states import LIVE_JOB, JobStatus, TargetState
-from ..waits import WAIT_POLL
 from . import demo
 from .progress import SHORT_ID, JobCaller, LiveRun, summary
 
@@ -83,6 +82,10 @@ __all__ = ["console_main", "main"]
 #: and how many hosts' are read at once.
 ROBOTS_TIMEOUT = 5.0
 ROBOTS_AT_ONCE = 16
+
+#: Seconds ``wait`` waits for an event before it looks whether it was
+#: interrupted (and at the job itself).
+STOP_CHECK = 0.1
 
 #: A job that ended in one of these did not do all it was asked: exit status 1.
 SHORT_OF_DONE = (JobStatus.FAILED, JobStatus.PARTIAL, JobStatus.CANCELLED)
@@ -370,7 +373,7 @@ def _targets(args: argparse.Namespace) -> Output:
 def _wait(args: argparse.Namespace) -> Output:
     """Wait until JOB ends, whichever process runs it; show it then."""
     deadline = time.monotonic() + args.timeout if args.timeout is not None else None
-    with stopping() as stop, store.open(args.db, readonly=True) as db:
+    with stopping() as stop, store.open(args.db, readonly=True) as db, db.watch() as events:
         job = _find(db, args.job)
         while job.status in LIVE_JOB:
             if (reason := stop()) is not None:
@@ -379,8 +382,11 @@ def _wait(args: argparse.Namespace) -> Output:
                 raise Failure(
                     f"job {job.id[:SHORT_ID]} is still {job.status} after {args.timeout:g}s"
                 )
-            time.sleep(WAIT_POLL)  # another process runs it: the store is all there is to watch
-            job = _find(db, job.id)
+            # Another process runs it: its end comes as an event. A quiet
+            # spell looks at the job too, in case the events failed.
+            event = events.get(timeout=STOP_CHECK)
+            if event is None or (event.kind == "job.ended" and event.id == job.id):
+                job = _find(db, job.id)
     return _job_output(_summary(job))
 
 
