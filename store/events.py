@@ -82,8 +82,9 @@ def _events(rows: list[tuple[int, str, str, float, str]]) -> list[Event]:
 
 def prune(tx: Tx, before: float) -> int:
     """Delete up to :data:`PRUNE_ROWS` of the oldest events written before
-    ``before``; how many. The oldest event is read first: a store whose
-    oldest is young costs one row read."""
+    ``before``, but never the newest (SQLite numbers the next one past it);
+    how many. The oldest event is read first: a store whose oldest is
+    young costs one row read."""
     oldest = tx.execute(f"{_SELECT} ORDER BY seq LIMIT 1").fetchone()
     if oldest is None or oldest[3] >= before:
         return 0
@@ -91,7 +92,7 @@ def prune(tx: Tx, before: float) -> int:
         seq
         for (seq,) in tx.execute(
             "DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE at < ?"
-            " ORDER BY seq LIMIT ?) RETURNING seq",
+            " AND seq < (SELECT max(seq) FROM events) ORDER BY seq LIMIT ?) RETURNING seq",
             (before, PRUNE_ROWS),
         )
     ]

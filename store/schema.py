@@ -285,12 +285,15 @@ _UPSTREAMS = (
 _EVENTS = (
     # What happens on the store, in commit order (``store.events``): a row
     # per change, written by triggers in the transaction that makes the
-    # change, whichever statement makes it. seq: AUTOINCREMENT, never
-    # reused once pruned. ``store_now()`` is the transaction's time, a
-    # function each writing connection defines.
+    # change, whichever statement makes it. seq: the rowid, one past the
+    # greatest, never reused because pruning never takes the newest
+    # (AUTOINCREMENT would make sure of it by writing sqlite_sequence for
+    # every event: it doubled the cost of storing a target).
+    # ``store_now()`` is the transaction's time, a function each writing
+    # connection defines.
     """
     CREATE TABLE events (
-        seq  INTEGER PRIMARY KEY AUTOINCREMENT,
+        seq  INTEGER PRIMARY KEY,
         kind TEXT    NOT NULL,
         id   TEXT    NOT NULL,
         at   REAL    NOT NULL,

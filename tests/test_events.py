@@ -244,6 +244,13 @@ def test_old_events_are_pruned_by_the_beat_and_a_watch_from_them_says_so(
             list(watch)
         with db.watch(since=1, timeout=0.1) as watch:
             assert kinds(list(watch)) == [("job.submitted", "new")]
+        # Everything old: the newest stays, and numbers go on past it.
+        clock.tick(store_events.KEPT + 1)
+        db.beat_runner("r1", 30.0, room=0)
+        with db.watch(since=2, timeout=0.1) as watch:
+            db.create_job("newer", "alice", ["a"])
+            (event,) = watch
+        assert (event.kind, event.seq) == ("job.submitted", 3)
 
 
 # -- the gaps of writers side by side -----------------------------------------------
