@@ -26,10 +26,18 @@ name                              type       what
 ``batch_upstreams_held``          gauge      upstreams a busy answer holds now
 ``batch_upstream_holds_total``    counter    holds begun
 ================================  =========  =====================================
+
+and, from :class:`StoreCollector`, the store's (every runner's), gauges
+read at each scrape: ``batch_store_up`` (1 if the store answered),
+``batch_store_jobs`` (by ``status``), ``batch_store_queued_runs``,
+``batch_store_oldest_queued_seconds`` (how long the oldest QUEUED run has
+waited), ``batch_store_nodes``, ``batch_store_nodes_busy`` (holding a
+lease) and ``batch_store_nodes_draining``.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -40,14 +48,20 @@ from prometheus_client import (
     Histogram,
     start_http_server,
 )
+from prometheus_client.core import GaugeMetricFamily
+
+import store
 
 from .hooks import Hooks
 from .states import JobStatus
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from wsgiref.simple_server import WSGIServer
 
-__all__ = ["BYTES_BUCKETS", "SECONDS_BUCKETS", "Metrics"]
+__all__ = ["BYTES_BUCKETS", "SECONDS_BUCKETS", "Metrics", "StoreCollector"]
+
+log = logging.getLogger("batch")
 
 #: Buckets of the histograms of seconds: a fetch of a millisecond to a
 #: job of an hour.
@@ -146,3 +160,35 @@ class Metrics(Hooks):
         if upstream in self._holding:
             self._holding.discard(upstream)
             self._held.set(len(self._holding))
+
+
+class StoreCollector:
+    """The store's gauges at each scrape (``Store.gauges``: a few rows read,
+    however many jobs it holds): ``registry.register(StoreCollector(db))``.
+    A store that cannot be read makes ``batch_store_up`` 0, not a failed
+    scrape."""
+
+    def __init__(self, db: store.Store) -> None:
+        self._db = db
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            g = self._db.gauges()
+        except store.StoreError as e:
+            log.warning("cannot read the store's gauges: %s", e)
+            yield GaugeMetricFamily("batch_store_up", "1 if the store answered.", 0)
+            return
+        yield GaugeMetricFamily("batch_store_up", "1 if the store answered.", 1)
+        jobs = GaugeMetricFamily("batch_store_jobs", "Jobs stored, by status.", labels=["status"])
+        for status, n in g.jobs.items():
+            jobs.add_metric([status.value], n)
+        yield jobs
+        yield GaugeMetricFamily("batch_store_queued_runs", "Runs waiting QUEUED.", g.queued_runs)
+        yield GaugeMetricFamily(
+            "batch_store_oldest_queued_seconds",
+            "Seconds the oldest QUEUED run has waited.",
+            g.oldest_queued,
+        )
+        yield GaugeMetricFamily("batch_store_nodes", "Nodes advertised.", g.nodes)
+        yield GaugeMetricFamily("batch_store_nodes_busy", "Nodes holding a lease.", g.busy)
+        yield GaugeMetricFamily("batch_store_nodes_draining", "Nodes draining.", g.draining)

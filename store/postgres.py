@@ -416,6 +416,58 @@ _EVENTS = (
     """,
 )
 
+#: The jobs in each status (``store.schema``'s ``job_counts``), kept by
+#: triggers, each writer in the slot of its session (its backend's pid, of
+#: ``COUNT_SLOTS``): writers side by side seldom touch one row.
+COUNT_SLOTS = 64
+_SLOT = f"pg_backend_pid() % {COUNT_SLOTS}"
+_JOB_COUNTS_BY_STATUS = (
+    """
+    CREATE TABLE job_counts (
+        slot   INTEGER NOT NULL,
+        status TEXT    NOT NULL,
+        n      BIGINT  NOT NULL,
+        PRIMARY KEY (slot, status)
+    )
+    """,
+    MIGRATIONS[11][1],
+    f"""
+    CREATE FUNCTION store_jobs_counted() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO job_counts (slot, status, n)
+        SELECT {_SLOT}, status, count(*) FROM fresh GROUP BY status ORDER BY status
+            ON CONFLICT (slot, status) DO UPDATE SET n = job_counts.n + excluded.n;
+        RETURN NULL;
+    END $$
+    """,
+    """
+    CREATE TRIGGER jobs_counted AFTER INSERT ON jobs REFERENCING NEW TABLE AS fresh
+    FOR EACH STATEMENT EXECUTE FUNCTION store_jobs_counted()
+    """,
+    # The two rows of a move in one statement, in status order: two
+    # sessions of one slot never wait on each other in a circle.
+    f"""
+    CREATE FUNCTION store_job_recounted() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO job_counts (slot, status, n)
+        SELECT {_SLOT}, d.status, d.n
+          FROM (VALUES (OLD.status, -1), (NEW.status, 1)) AS d (status, n)
+         WHERE d.status IS NOT NULL
+         ORDER BY d.status
+            ON CONFLICT (slot, status) DO UPDATE SET n = job_counts.n + excluded.n;
+        RETURN NULL;
+    END $$
+    """,
+    """
+    CREATE TRIGGER job_recounted AFTER UPDATE OF status ON jobs FOR EACH ROW
+    WHEN (NEW.status IS DISTINCT FROM OLD.status) EXECUTE FUNCTION store_job_recounted()
+    """,
+    """
+    CREATE TRIGGER job_uncounted AFTER DELETE ON jobs FOR EACH ROW
+    EXECUTE FUNCTION store_job_recounted()
+    """,
+)
+
 #: Steps after ``SCHEMA``: ``UPGRADES[i]`` takes a database from version
 #: ``SCHEMA_VERSION + i`` to the next. Only ever appended.
 SCHEMA_VERSION = 4
@@ -464,6 +516,7 @@ UPGRADES: tuple[tuple[str, ...], ...] = (
         """,
     ),
     _EVENTS,
+    _JOB_COUNTS_BY_STATUS,
 )
 assert SCHEMA_VERSION + len(UPGRADES) == VERSION
 

@@ -17,6 +17,7 @@ __all__ = [
     "Beat",
     "Claim",
     "Event",
+    "Gauges",
     "JobRow",
     "JobSummary",
     "Lease",
@@ -51,6 +52,21 @@ class Event(NamedTuple):
     id: str
     at: float
     data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Gauges:
+    """What a scrape shows of the store (``Store.gauges``): ``jobs`` in each
+    status, ``queued_runs`` and the seconds the oldest of them has waited
+    (``oldest_queued``, 0 with none), and the ``nodes`` advertised, those
+    ``busy`` (holding a lease) and those ``draining``."""
+
+    jobs: dict[JobStatus, int]
+    queued_runs: int
+    oldest_queued: float
+    nodes: int
+    busy: int
+    draining: int
 
 
 # -- batch jobs ----------------------------------------------------------------

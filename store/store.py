@@ -10,7 +10,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import events, jobs, nodes, outcomes, queue, record, runners, runs, upstreams, waiting
+from . import (
+    events,
+    gauges,
+    jobs,
+    nodes,
+    outcomes,
+    queue,
+    record,
+    runners,
+    runs,
+    upstreams,
+    waiting,
+)
 from .db import CANCELLED, WORK, Database, Synchronous, Tracer, Tx, in_list
 from .errors import StoreError
 from .explain import explain as explain_run
@@ -18,6 +30,7 @@ from .shapes import (
     Advert,
     Beat,
     Claim,
+    Gauges,
     JobRow,
     JobSummary,
     Lease,
@@ -126,6 +139,13 @@ class Store:
         read (the watch ends; resume from its ``seq``), and when the store
         closes."""
         return self._feed.watch(since, timeout)
+
+    def gauges(self) -> Gauges:
+        """The store's gauges, for a scrape: jobs by status, QUEUED runs and
+        the oldest one's wait, nodes busy and draining. A few rows read,
+        however many jobs the store holds (the counts are kept as jobs
+        change)."""
+        return self._db.read(gauges.read)
 
     # -- batch jobs ---------------------------------------------------------
 

@@ -89,3 +89,20 @@ def test_one_registry_holds_one_runners_metrics() -> None:
     batch.metrics.Metrics(registry)
     with pytest.raises(ValueError, match="batch_"):
         batch.metrics.Metrics(registry)
+
+
+def test_the_store_collector_reads_the_stores_gauges(db: store.Store) -> None:
+    """Jobs by status as stored, the store's up gauge, and 0 when it cannot
+    be read rather than a failed scrape."""
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(batch.metrics.StoreCollector(db))
+    db.create_jobs("alice", [("j1", ["a"]), ("j2", ["a"])])
+    db.cancel_job("j2", "alice")
+    assert value(registry, "batch_store_up") == 1
+    assert value(registry, "batch_store_jobs", status="queued") == 1
+    assert value(registry, "batch_store_jobs", status="cancelled") == 1
+    assert value(registry, "batch_store_jobs", status="done") == 0
+    assert value(registry, "batch_store_queued_runs") == 0
+    db.close()
+    assert value(registry, "batch_store_up") == 0
+    assert value(registry, "batch_store_jobs", status="queued") is None
