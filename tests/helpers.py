@@ -120,18 +120,22 @@ def raw(location: str, sql: str, args: tuple[object, ...] = ()) -> list[tuple[An
         conn.close()
 
 
-def lock_waiters(url: str, running: str = "") -> list[tuple[int, Any]]:
+def lock_waiters(
+    url: str, running: str = "", blocked_by: int | None = None
+) -> list[tuple[int, Any]]:
     """The store's sessions waiting on a lock now, on the PostgreSQL server
-    at ``url`` (those whose statement holds ``running``, if given): each
-    one's server process and when its transaction began."""
+    at ``url`` (those whose statement holds ``running``, if given; those
+    that the server process ``blocked_by`` holds up, if given): each one's
+    server process and when its transaction began."""
     return [
         (int(pid), began)
         for pid, began in raw(
             url,
             "SELECT pid, xact_start FROM pg_stat_activity"
             " WHERE application_name = 'batch-store' AND wait_event_type = 'Lock'"
-            " AND xact_start IS NOT NULL AND strpos(query, ?) > 0",
-            (running,),
+            " AND xact_start IS NOT NULL AND strpos(query, ?) > 0"
+            " AND (?::int IS NULL OR ?::int = ANY (pg_blocking_pids(pid)))",
+            (running, blocked_by, blocked_by),
         )
     ]
 
@@ -149,10 +153,12 @@ class HeldOnServer:
         self._conn.execute("SELECT 1 FROM targets WHERE job_id = %s FOR UPDATE", (job_id,))
 
     def waiters(self) -> list[tuple[int, Any]]:
-        """The batches waiting on a lock now (:func:`lock_waiters`); not the
-        other writes of their runner, which may queue up behind a batch for
-        the job's row (a beat renewing the job's lease)."""
-        return lock_waiters(self._url, "store_record(")
+        """The batches waiting on the targets held (:func:`lock_waiters`);
+        not the other writes of their runner, which may queue up behind a
+        batch for the job's row (a beat renewing the job's lease, or the
+        keeper storing the job ``running``, itself a call of the batch's
+        function, late on a loaded host)."""
+        return lock_waiters(self._url, "store_record(", self._conn.info.backend_pid)
 
     def waiting(self) -> bool:
         """Whether one batch waits there now."""
