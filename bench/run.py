@@ -34,6 +34,7 @@ from bench import (  # noqa: F401
     size,
     starve,
     throughput,
+    watching,
 )
 from bench.suite import main
 
