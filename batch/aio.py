@@ -26,7 +26,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from . import commit, worker
+from . import commit, tracing, worker
 from .attempt import attempt_async
 from .clock import SYSTEM
 from .context import Context
@@ -97,7 +97,16 @@ class Workers(Generic[C]):
             if job is None:
                 await park
                 continue
-            outcome = await attempt_async(self.fetch, job.ctx, job.caller, job.targets[job.next])
+            if self.s.config.tracing and tracing.recording():
+                with tracing.span(job) as told:
+                    outcome = await attempt_async(
+                        self.fetch, job.ctx, job.caller, job.targets[job.next]
+                    )
+                    told.append(outcome)
+            else:
+                outcome = await attempt_async(
+                    self.fetch, job.ctx, job.caller, job.targets[job.next]
+                )
 
     def _sleep(self) -> None:
         """Coroutines are parked: the loop's sleeper joins the idle workers,

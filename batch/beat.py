@@ -234,6 +234,7 @@ def _run_or_end(
         s.clock.monotonic() - age,
         lease,
         Context(s.ctx),
+        row.trace,
     )
     job.resume_at(
         pending[0],

@@ -255,6 +255,9 @@ class Config:
       and ``limits`` bound them. None (or an upstream of None): no pacing.
     - ``limits``: ``upstream -> Limit``, ``"*"`` for every upstream not
       named (none: only busy answers pace an upstream).
+    - ``tracing``: a span per fetch in the submitter's trace, where
+      ``opentelemetry-api`` is installed and the application records
+      traces (``batch.tracing``); False: none.
     """
 
     workers: int = 4
@@ -269,6 +272,7 @@ class Config:
     weights: Mapping[str, int] | None = None
     upstream: Callable[[Target], str | None] | None = None
     limits: Mapping[str, Limit] | None = None
+    tracing: bool = True
 
     def __post_init__(self) -> None:
         _check_int("workers", self.workers, 1)
@@ -291,6 +295,8 @@ class Config:
             )
         if self.limits is not None:
             _check_limits(self.limits)
+        if not isinstance(self.tracing, bool):
+            raise TypeError(f"Config.tracing must be a bool, not {type(self.tracing).__name__}")
         if self.resume is not None and not callable(self.resume):
             raise TypeError(
                 f"Config.resume must be callable or None, not {type(self.resume).__name__}"

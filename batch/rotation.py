@@ -9,7 +9,7 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import store
 
@@ -40,9 +40,15 @@ class LiveJob(Generic[C]):
     (the worker, the group commit and the keeper call them), and through
     the :class:`Rotation`, for its place in it (``order``, ``queued``, a
     ``retry_at`` once due, ``running`` once it settles).
+
+    ``trace`` is the trace context of its submit (``batch.tracing``);
+    ``attempts`` counts the tries of its next target here, and
+    ``first_span`` is the span of the first (set by the worker running it,
+    outside the lock, as only that worker reads it).
     """
 
     __slots__ = (
+        "attempts",
         "busy_since",
         "caller",
         "cancelled",
@@ -50,6 +56,7 @@ class LiveJob(Generic[C]):
         "ctx",
         "done",
         "failed",
+        "first_span",
         "id",
         "lease",
         "lost",
@@ -63,6 +70,7 @@ class LiveJob(Generic[C]):
         "running",
         "started",
         "targets",
+        "trace",
     )
 
     def __init__(  # noqa: PLR0917 - one job's seven facts, always given together
@@ -74,6 +82,7 @@ class LiveJob(Generic[C]):
         created: float,
         lease: store.Lease,
         ctx: Context,
+        trace: str | None = None,
     ) -> None:
         self.id = job_id
         self.owner = owner
@@ -95,6 +104,9 @@ class LiveJob(Generic[C]):
         self.queued = False  # waiting in the rotation for its turn
         self.pace: Pace | None = None  # the upstream of its target in flight, if paced
         self.parked: Pace | None = None  # the upstream it waits on, if parked
+        self.trace = trace
+        self.attempts = 0
+        self.first_span: Any = None
 
     @property
     def halted(self) -> bool:
@@ -113,6 +125,7 @@ class LiveJob(Generic[C]):
         time, when it is to be stored ``running``."""
         first = not self.started
         self.started = self.running = True
+        self.attempts += 1
         return first
 
     def paced(self, pace: Pace) -> None:
@@ -143,11 +156,16 @@ class LiveJob(Generic[C]):
         self.failed += not done
         self.busy_since = None
         self.retry_at = 0.0
+        self.attempts = 0
+        self.first_span = None
 
     def resume_at(self, pending: int, done: int, *, started: bool | None = None) -> None:
         """Go on as the store has it: its next target is ``pending``, of
         those before it ``done`` are done (the rest failed); ``started``:
         whether the store has it ``running`` (None: as it was)."""
+        if pending != self.next:
+            self.attempts = 0
+            self.first_span = None
         self.next = pending
         self.done = done
         self.failed = pending - done

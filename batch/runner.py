@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 
 import store
 
-from . import beat, checks, waits
+from . import beat, checks, tracing, waits
 from .clock import SYSTEM, Clock
 from .context import Context
 from .errors import InvalidJob, JobNotFound, RunnerClosed, store_failed
@@ -189,6 +189,7 @@ class Runner(Generic[C]):
         # other thread's business until they join the rotation. If close
         # comes between, they join a closed runner's rotation and stay live
         # in the store for the next runner, like any unfinished job.
+        trace = tracing.current() if s.config.tracing else None
         try:
             with store_failed():
                 s.store.create_jobs(
@@ -201,6 +202,7 @@ class Runner(Generic[C]):
                     lease_for=s.config.takeover_after,
                     leased=room,
                     names=names,
+                    traces=None if trace is None else [trace] * len(jobs),
                 )
         except BaseException:
             # The jobs may be stored all the same (the answer to the commit
@@ -220,7 +222,9 @@ class Runner(Generic[C]):
                 s.reserved -= room if bounded else 0
                 s.add(
                     [
-                        LiveJob(job_id, owner, caller, targets, started, lease, Context(s.ctx))
+                        LiveJob(
+                            job_id, owner, caller, targets, started, lease, Context(s.ctx), trace
+                        )
                         for job_id, targets in zip(ids[:room], jobs, strict=False)
                     ]
                 )

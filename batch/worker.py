@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
-from . import commit
+from . import commit, tracing
 from .attempt import attempt
 from .context import Context
 from .hooks import call_hook
@@ -38,7 +38,12 @@ def work(s: State[C], fetch: Callable[[Context, C, Target], object]) -> None:
         with s.lock:
             job = pick(s, sleeper)
         while job is not None:
-            outcome = attempt(fetch, job.ctx, job.caller, job.targets[job.next])
+            if s.config.tracing and tracing.recording():
+                with tracing.span(job) as told:
+                    outcome = attempt(fetch, job.ctx, job.caller, job.targets[job.next])
+                    told.append(outcome)
+            else:
+                outcome = attempt(fetch, job.ctx, job.caller, job.targets[job.next])
             with s.lock:
                 commit.finished(s, job, outcome)
                 # Let go of the turn before waiting for the next one: a job

@@ -74,9 +74,11 @@ def create_jobs(
     lease_until: float | None = None,
     leased: int | None = None,
     names: Sequence[str | None] | None = None,
+    traces: Sequence[str | None] | None = None,
 ) -> None:
     """Store the rows of new jobs of ``owner`` (each an id and its refs, and
-    its name in ``names`` if given), in this order, ``queued``, submitted
+    its name in ``names``, its trace context in ``traces``, if given), in
+    this order, ``queued``, submitted
     through the runner ``runner_id`` (if any). Given ``lease_until``, the
     first ``leased`` of them (None: all) are leased to that runner until
     then with token 1; the others wait for a runner with room. Their
@@ -87,10 +89,21 @@ def create_jobs(
     )
     conn.executemany(
         "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, runner_id,"
-        " lease_owner, lease_token, lease_until, ntargets, name)"
-        f" VALUES (?, ?, '{JobStatus.QUEUED}', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " lease_owner, lease_token, lease_until, ntargets, name, trace)"
+        f" VALUES (?, ?, '{JobStatus.QUEUED}', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
-            (job_id, owner, now, now, now, runner_id, *lease, len(refs), names and names[k])
+            (
+                job_id,
+                owner,
+                now,
+                now,
+                now,
+                runner_id,
+                *lease,
+                len(refs),
+                names and names[k],
+                traces and traces[k],
+            )
             for k, (job_id, refs) in enumerate(jobs)
             for lease in [(runner_id, 1, lease_until) if k < held else (None, 0, None)]
         ],
@@ -217,8 +230,7 @@ def evict_past(conn: Tx, max_bytes: int, total: int) -> tuple[list[str], int]:
 def get_job(conn: Tx, job_id: str, owner: str) -> JobRow | None:
     """The job with its targets, or None if there is none of this owner's."""
     row = conn.execute(
-        "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id, name"
-        " FROM jobs WHERE id = ? AND owner = ?",
+        f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ? AND owner = ?",
         (job_id, owner),
     ).fetchone()
     return None if row is None else _with_targets(conn, row)
@@ -227,8 +239,7 @@ def get_job(conn: Tx, job_id: str, owner: str) -> JobRow | None:
 def find_job(conn: Tx, job_id: str) -> JobRow | None:
     """The job with its targets, whoever owns it, or None."""
     row = conn.execute(
-        "SELECT id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id, name"
-        " FROM jobs WHERE id = ?",
+        f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?",
         (job_id,),
     ).fetchone()
     return None if row is None else _with_targets(conn, row)
@@ -266,7 +277,9 @@ def _summary(job_id: str, owner: str, status: str, *rest: Any) -> JobSummary:
 
 
 #: The columns of ``jobs`` a :class:`JobRow` is made of, in its order.
-JOB_COLUMNS = "id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id, name"
+JOB_COLUMNS = (
+    "id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id, name, trace"
+)
 
 
 def load_jobs(conn: Tx, job_ids: Sequence[str]) -> list[JobRow]:
@@ -352,7 +365,7 @@ def _with_targets(conn: Tx, row: Any) -> JobRow:
 
 
 def _job(row: Any, targets: tuple[TargetRow, ...]) -> JobRow:
-    job_id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id, name = row
+    job_id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id, name, trace = row
     return JobRow(
         job_id,
         owner,
@@ -364,6 +377,7 @@ def _job(row: Any, targets: tuple[TargetRow, ...]) -> JobRow:
         targets,
         runner_id,
         name,
+        trace,
     )
 
 

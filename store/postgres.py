@@ -517,6 +517,7 @@ UPGRADES: tuple[tuple[str, ...], ...] = (
     ),
     _EVENTS,
     _JOB_COUNTS_BY_STATUS,
+    MIGRATIONS[12],
 )
 assert SCHEMA_VERSION + len(UPGRADES) == VERSION
 

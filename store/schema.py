@@ -389,6 +389,12 @@ _JOB_COUNTS_BY_STATUS = (
     """,
 )
 
+_JOB_TRACES = (
+    # The trace context current at submit (a W3C traceparent), so that a
+    # runner in any process continues the submitter's trace.
+    "ALTER TABLE jobs ADD COLUMN trace TEXT",
+)
+
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _JOBS,
     _RUNS,
@@ -402,5 +408,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _UPSTREAMS,
     _EVENTS,
     _JOB_COUNTS_BY_STATUS,
+    _JOB_TRACES,
 )
 VERSION = len(MIGRATIONS)

@@ -100,6 +100,9 @@ class JobRow:
     runner_id: str | None = None
     #: What its submitter called it, if anything.
     name: str | None = None
+    #: The trace context current when it was submitted (a W3C
+    #: ``traceparent``), if any: where its fetches' spans belong.
+    trace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -173,9 +173,11 @@ class Store:
         lease_for: float | None = None,
         leased: int | None = None,
         names: Sequence[str | None] | None = None,
+        traces: Sequence[str | None] | None = None,
     ) -> None:
         """Store the ``new`` jobs of ``owner`` (each its id and refs, named
-        by ``names`` if given) in one transaction, in this order, as
+        by ``names`` and with the trace context of ``traces`` if given) in
+        one transaction, in this order, as
         :meth:`create_job` does; given ``lease_for``, the first ``leased``
         (None: all) are leased to the runner, the others wait for any runner
         with room."""
@@ -191,6 +193,7 @@ class Store:
                 lease_until=until,
                 leased=leased,
                 names=names,
+                traces=traces,
             )
             self._db.insert_targets(tx, new)
             if until is None or (leased is not None and leased < len(new)):
