@@ -131,11 +131,25 @@ def test_example_runs(
     """Run the block as a module of its own, in a directory of its own. Its
     line numbers in a traceback are those of the page."""
     monkeypatch.chdir(tmp_path)
+    _fresh_tracing(monkeypatch)
     name = f"docs_example_{page.stem.replace('-', '_')}_{line}"
     module = types.ModuleType(name)
     module.__file__ = str(page)
     monkeypatch.setitem(sys.modules, name, module)
     exec(compile("\n" * (line - 1) + code, str(page), "exec"), module.__dict__)
+
+
+def _fresh_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenTelemetry's global tracer provider as before any is set, for this
+    example only (one sets it, as an application does once): no runner of
+    a later test records spans."""
+    try:
+        from opentelemetry import trace  # noqa: PLC0415
+        from opentelemetry.util._once import Once  # noqa: PLC0415
+    except ImportError:
+        return
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
 
 
 def slug(heading: str) -> str:
