@@ -251,14 +251,19 @@ def list_jobs(
     owner: str | None = None,
     status: JobStatus | None = None,
     ids: Sequence[str] | None = None,
+    newest: int | None = None,
 ) -> list[JobSummary]:
-    """Every job (of ``owner``, in ``status``, among ``ids``, when given) in
-    creation order, with its counts: one row read per job."""
+    """Every job (of ``owner``, in ``status``, among ``ids``, when given; the
+    ``newest`` so many, when given) in creation order, with its counts: one
+    row read per job."""
     sql = (
         "SELECT id, owner, status, created_at, updated_at, nbytes, ndone, nfailed,"
         " ntargets - ndone - nfailed, name FROM jobs"
         " WHERE (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR status = ?2)"
     )
+    if ids is None and newest is not None:
+        last = conn.execute(sql + " ORDER BY seq DESC LIMIT ?3", (owner, status, newest))
+        return [_summary(*row) for row in reversed(last.fetchall())]
     if ids is None:
         return [_summary(*row) for row in conn.execute(sql + " ORDER BY seq", (owner, status))]
     rows: list[Any] = []

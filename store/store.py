@@ -316,11 +316,17 @@ class Store:
         owner: str | None = None,
         status: JobStatus | None = None,
         ids: Sequence[str] | None = None,
+        newest: int | None = None,
     ) -> list[JobSummary]:
         """Every stored job, in creation order, with its target counts; only
-        ``owner``'s, those in ``status``, or those of ``ids``, when given.
-        Reads one row per job listed, however many targets they hold."""
-        return self._db.read(lambda tx: jobs.list_jobs(tx, owner=owner, status=status, ids=ids))
+        ``owner``'s, those in ``status``, or those of ``ids``, when given;
+        only the ``newest`` so many (without ``ids``), when given. Reads
+        one row per job listed, however many targets they hold."""
+        if newest is not None and (not isinstance(newest, int) or newest < 0):
+            raise ValueError(f"newest is a count of jobs >= 0, not {newest!r}")
+        return self._db.read(
+            lambda tx: jobs.list_jobs(tx, owner=owner, status=status, ids=ids, newest=newest)
+        )
 
     def touch_job(self, job_id: str, owner: str) -> bool:
         """Mark the job used now, so eviction takes it last; False if unknown."""

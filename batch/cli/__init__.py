@@ -422,6 +422,17 @@ def _upstreams(args: argparse.Namespace) -> Output:
     )
 
 
+def _serve(args: argparse.Namespace) -> Output:
+    """Serve a web dashboard of the store: jobs, upstreams, runs, nodes, live."""
+    try:
+        from .. import dashboard  # noqa: PLC0415 - the extra is needed by this command only
+    except ImportError:
+        raise Failure("the dashboard needs its extra: pip install 'batch-store[web]'") from None
+    print(f"dashboard of {args.db} on http://{args.host}:{args.port}/", flush=True)
+    dashboard.serve(args.db, host=args.host, port=args.port, allow_cancel=args.allow_cancel)
+    return Output(None, "", 0)
+
+
 def _explain(args: argparse.Namespace) -> Output:
     """Why JOB is not fetching: its status, who runs it, its next URL's host."""
     with store.open(args.db, readonly=True) as db:
@@ -592,6 +603,17 @@ def build_parser(prog: str = "python -m batch") -> Parser:
     add("upstreams", _upstreams, parents=[as_json])
     p = add("explain", _explain, parents=[as_json])
     p.add_argument("job", metavar="JOB", help="a job id, or a unique prefix of one")
+
+    p = add("serve", _serve)
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
+    )
+    p.add_argument(
+        "--port", type=int, default=8000, help="port to listen on (default: %(default)s)"
+    )
+    p.add_argument(
+        "--allow-cancel", action="store_true", help="let the page cancel jobs (else read-only)"
+    )
 
     p = add("wait", _wait, parents=[as_json])
     p.add_argument("job", metavar="JOB", help="a job id, or a unique prefix of one")
