@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from enum import Enum
 from importlib import resources
 from typing import Any
@@ -44,10 +45,14 @@ from starlette.routing import Route
 
 import store
 
-__all__ = ["MAX_JOBS", "app", "serve"]
+__all__ = ["KEEPALIVE", "MAX_JOBS", "app", "serve"]
 
 #: The most jobs ``/api/jobs`` lists at once (the newest).
 MAX_JOBS = 500
+#: Seconds the server gives open requests to end when it is stopped.
+SHUTDOWN = 3
+#: Seconds between an event stream's looks at whether the server stops.
+STOP_CHECK = 0.25
 #: Seconds an event stream waits for an event before it sends a comment,
 #: which keeps proxies from closing it.
 KEEPALIVE = 15.0
@@ -75,8 +80,12 @@ def _json(value: Any, status_code: int = 200) -> JSONResponse:
     return JSONResponse(_plain(value), status_code=status_code)
 
 
-def app(db: store.Store, *, allow_cancel: bool = False) -> Starlette:
-    """The dashboard of ``db`` as an ASGI application."""
+def app(
+    db: store.Store, *, allow_cancel: bool = False, stopping: Callable[[], bool] = lambda: False
+) -> Starlette:
+    """The dashboard of ``db`` as an ASGI application. ``stopping`` says
+    when the server stops: its event streams then end (within
+    :data:`STOP_CHECK` seconds), so that it need not cut them."""
 
     def page(request: Request) -> HTMLResponse:
         html = resources.files("batch").joinpath("dashboard.html").read_text(encoding="utf-8")
@@ -141,7 +150,7 @@ def app(db: store.Store, *, allow_cancel: bool = False) -> Starlette:
             return _json({"error": "since is an event's seq"}, 400)
         watch = await anyio.to_thread.run_sync(db.watch, since)
         return StreamingResponse(
-            _stream(watch, request), media_type="text/event-stream", headers=_NO_CACHE
+            _stream(watch, request, stopping), media_type="text/event-stream", headers=_NO_CACHE
         )
 
     return Starlette(
@@ -163,18 +172,25 @@ def app(db: store.Store, *, allow_cancel: bool = False) -> Starlette:
 _NO_CACHE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def _stream(watch: store.events.Watch, request: Request) -> AsyncIterator[str]:
+async def _stream(
+    watch: store.events.Watch, request: Request, stopping: Callable[[], bool]
+) -> AsyncIterator[str]:
     """The events of ``watch`` as server-sent events, until the browser goes
-    (or the store fails: the browser reconnects, and resumes)."""
+    or the server stops (or the store fails: the browser reconnects, and
+    resumes)."""
     try:
         yield "retry: 1000\n\n"
-        while not await request.is_disconnected():
+        quiet_since = time.monotonic()
+        while not stopping() and not await request.is_disconnected():
             # Abandoned if the browser goes meanwhile: closing the watch
             # (below) wakes the thread.
-            event = await anyio.to_thread.run_sync(watch.get, KEEPALIVE, abandon_on_cancel=True)
+            event = await anyio.to_thread.run_sync(watch.get, STOP_CHECK, abandon_on_cancel=True)
             if event is None:
-                yield ": keepalive\n\n"
+                if time.monotonic() - quiet_since >= KEEPALIVE:
+                    quiet_since = time.monotonic()
+                    yield ": keepalive\n\n"
                 continue
+            quiet_since = time.monotonic()
             data = json.dumps({"kind": event.kind, "id": event.id, "at": event.at, **event.data})
             yield f"id: {event.seq}\nevent: {event.kind}\ndata: {data}\n\n"
     except store.StoreError:
@@ -191,4 +207,20 @@ def serve(
     import uvicorn  # noqa: PLC0415 - only the command needs the server
 
     with store.open(location, readonly=not allow_cancel) as db:
-        uvicorn.run(app(db, allow_cancel=allow_cancel), host=host, port=port, log_level="warning")
+        server: uvicorn.Server | None = None
+        dashboard = app(
+            db,
+            allow_cancel=allow_cancel,
+            stopping=lambda: server is not None and server.should_exit,
+        )
+        config = uvicorn.Config(
+            dashboard,
+            host=host,
+            port=port,
+            log_level="warning",
+            # Event streams end within STOP_CHECK of a stop; one that does
+            # not (a thread stuck in the store) is cut after this long.
+            timeout_graceful_shutdown=SHUTDOWN,
+        )
+        server = uvicorn.Server(config)
+        server.run()

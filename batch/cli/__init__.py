@@ -50,6 +50,7 @@ import store
 from store.console import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    EXIT_OK,
     EXIT_TERMINATED,
     BadInput,
     Failure,
@@ -429,8 +430,12 @@ def _serve(args: argparse.Namespace) -> Output:
     except ImportError:
         raise Failure("the dashboard needs its extra: pip install 'batch-store[web]'") from None
     print(f"dashboard of {args.db} on http://{args.host}:{args.port}/", flush=True)
-    dashboard.serve(args.db, host=args.host, port=args.port, allow_cancel=args.allow_cancel)
-    return Output(None, "", 0)
+    # The server stops on Ctrl-C or SIGTERM, and tells it again once
+    # stopped: the flag says which, for the exit status.
+    with stopping() as stop:
+        dashboard.serve(args.db, host=args.host, port=args.port, allow_cancel=args.allow_cancel)
+        reason = stop()
+    return Output(None, "", EXIT_OK if reason is None else _stopped_status(reason))
 
 
 def _explain(args: argparse.Namespace) -> Output:
