@@ -16,6 +16,9 @@ what watching and its counts cost.
 (d) what 100 watchers cost the writers: scenario 1's work (20,000 no-op
     targets, 4 workers, 10 jobs) with 100 watches open on the store, in 4
     other processes, against none, in turns. Goal: at least 0.95x.
+(e) what metrics cost: scenario 7's second I/O row (64 workers, fetches of
+    10 ms) with ``batch.metrics.Metrics`` as its hooks, against none, in
+    turns. Goal: at least 0.95x.
 
     python -m bench.watching [--rounds N] [--quick] [--json PATH]
 """
@@ -34,9 +37,9 @@ from dataclasses import dataclass
 import batch
 import store
 from bench import engine
-from bench.measure import Figure, Goal, Options, Row, Scenario, Series, alternate
+from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Skipped, alternate
 from bench.suite import join, main
-from bench.workload import CALLER, PATIENCE, drain_rate, echo, open_runner, refs
+from bench.workload import CALLER, PATIENCE, Tally, drain_rate, echo, open_runner, refs
 
 __all__ = ["SCENARIO"]
 
@@ -248,6 +251,61 @@ def rate(targets: int, watchers: int) -> float:
                 p.wait(PATIENCE)
 
 
+# -- (e) metrics on an I/O row -----------------------------------------------------------
+
+#: Scenario 7's second I/O row: workers, the fetch's latency, jobs, targets a job.
+IO = (64, 0.01, 500, 20)
+IO_QUICK = (64, 0.01, 100, 10)
+
+
+def io_rate(shape: tuple[int, float, int, int], metered: bool) -> float:
+    """Targets per second of the I/O row, with metrics hooks or without."""
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    from batch.metrics import Metrics  # noqa: PLC0415 - the row is skipped without it
+
+    workers, latency, jobs, per_job = shape
+
+    def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
+        time.sleep(latency)  # allow-sleep: the upstream's latency is the workload
+        return None
+
+    class Metered(Tally):
+        """The tally, and the runner's metrics beside it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.metrics = Metrics(CollectorRegistry())
+
+        def depth(self, live: int) -> None:
+            super().depth(live)
+            self.metrics.depth(live)
+
+        def inflight(self, n: int) -> None:
+            super().inflight(n)
+            self.metrics.inflight(n)
+
+        def target(self, err: BaseException | None, seconds: float, nbytes: int) -> None:
+            super().target(err, seconds, nbytes)
+            self.metrics.target(err, seconds, nbytes)
+
+        def job(self, status: store.JobStatus) -> None:
+            self.metrics.job(status)
+
+        def job_seconds(self, seconds: float) -> None:
+            self.metrics.job_seconds(seconds)
+
+    tally = Metered() if metered else Tally()
+    work = [refs(j, per_job) for j in range(jobs)]
+    config = batch.Config(workers=workers, max_targets=per_job)
+    with (
+        engine.scratch() as location,
+        store.open(location) as db,
+        batch.Runner(db, fetch, config, hooks=tally) as runner,
+    ):
+        return drain_rate(runner, tally, work, many=True)
+
+
 # -- the scenario -------------------------------------------------------------------------
 
 
@@ -269,6 +327,24 @@ def run(opts: Options) -> list[Row]:
         },
     )
     scrape, count = scrapes(sizes.jobs)
+    io = IO_QUICK if opts.quick else IO
+    try:
+        import prometheus_client  # noqa: F401, PLC0415
+    except ImportError:
+        metered: Row = Skipped("12", "metrics hooks vs none", "prometheus-client is not installed")
+    else:
+        io_rates = alternate(
+            opts.rounds,
+            {"metered": lambda: io_rate(io, True), "bare": lambda: io_rate(io, False)},
+        )
+        metered = Figure(
+            "12",
+            f"metrics hooks vs none, {io[0]} workers x {io[1] * 1e3:g} ms",
+            "/s",
+            Series("runner, batch.metrics.Metrics hooks", io_rates["metered"]),
+            Series("runner, no hooks but the tally", io_rates["bare"]),
+            Goal("ratio", ">=", 0.95),
+        )
     events = [x for sample, _ in latencies["events"] for x in sample]
     ours = [x for sample, _ in latencies["waits"] for x in sample]
     polled = [x for _, sample in latencies["waits"] for x in sample]
@@ -306,6 +382,7 @@ def run(opts: Options) -> list[Row]:
             Series("runner, no watch", rates["unwatched"]),
             Goal("ratio", ">=", 0.95),
         ),
+        metered,
     ]
 
 
