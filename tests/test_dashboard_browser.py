@@ -27,7 +27,9 @@ import store
 from tests import browser
 from tests.helpers import TIMEOUT, Script
 
-pytestmark = pytest.mark.timeout(120)
+# A guard against a hang, long enough for the first test to install
+# Chromium where it is absent (CI installs it beforehand).
+pytestmark = pytest.mark.timeout(600)
 
 ALICE = batch.Caller("alice")
 
