@@ -189,6 +189,11 @@ class Database(abc.ABC):
         its last statements: each engine its fastest way, one meaning for
         both (``store.outcomes``)."""
 
+    #: Whether :meth:`notify` reaches the subscribers of every process (and
+    #: a lost notice is followed by ``"resync"``): watchers then look at the
+    #: store when told, rather than by a short poll.
+    notifies = False
+
     #: Whether :meth:`queue_run` queues a run in one round trip: an engine
     #: whose round trips cost (SQLite has none to save: a submit is one
     #: transaction of a few statements in the process).

@@ -18,8 +18,8 @@ order they committed.
 
 Waking. One thread per ``Store`` reads what is new for all its watchers
 (a hundred watchers cost the store one reader): on PostgreSQL when a
-notice says events were written (and every :data:`POLL` seconds, in case
-one is lost), on SQLite every :data:`POLL` seconds.
+notice says events were written (and every :data:`TOLD_POLL` seconds, in
+case one is lost), on SQLite every :data:`POLL` seconds.
 
 Events older than :data:`KEPT` seconds are pruned by the runners' beats,
 :data:`PRUNE_ROWS` at a time; a watch from a number pruned since raises
@@ -44,7 +44,7 @@ from .shapes import Event
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["KEPT", "KINDS", "POLL", "PRUNE_ROWS", "Feed", "Watch", "prune"]
+__all__ = ["KEPT", "KINDS", "POLL", "PRUNE_ROWS", "TOLD_POLL", "Feed", "Watch", "prune"]
 
 log = logging.getLogger("store")
 
@@ -62,8 +62,12 @@ KINDS = (
 KEPT = 3600.0
 #: Events pruned in one transaction at most.
 PRUNE_ROWS = 5000
-#: Seconds between looks for new events when nothing says there are some.
+#: Seconds between looks for new events where no notice says there are
+#: some (SQLite).
 POLL = 0.05
+#: Seconds between looks where notices say so (PostgreSQL): in case one is
+#: lost (a dropped connection is followed by a ``resync`` notice).
+TOLD_POLL = 1.0
 #: Seconds between looks while a number is missing that a transaction in
 #: flight may still commit (it commits within milliseconds).
 GAP_POLL = 0.002
@@ -192,6 +196,8 @@ class Feed:
                 return self._seq
         try:
             seq, horizon = self._db.read(self._last)
+            # Outside the lock: subscribing may wait for the listener.
+            unsubscribe: Callable[[], None] | None = self._db.subscribe(self._notice)
         except BaseException:
             self._drop()
             raise
@@ -201,10 +207,13 @@ class Feed:
                 self._recent.clear()
                 self._gap = self._failed = None
                 self._unsettled = None if horizon is None else (seq, horizon[1])
-                self._unsubscribe = self._db.subscribe(self._notice)
+                self._unsubscribe, unsubscribe = unsubscribe, None
                 self._thread = threading.Thread(target=self._read, name="store-events", daemon=True)
                 self._thread.start()
-            return self._seq
+            start = self._seq
+        if unsubscribe is not None:  # another watcher started the thread meanwhile
+            unsubscribe()
+        return start
 
     def leave(self, watch: Watch) -> None:
         """``watch`` closes: wake its reader, if one waits."""
@@ -239,6 +248,7 @@ class Feed:
 
     def _read(self) -> None:
         me = threading.current_thread()
+        told = self._db.notifies
         while True:
             with self._cond:
                 if self._thread is not me:
@@ -268,7 +278,11 @@ class Feed:
                 self._cond.notify_all()
                 self._cond.wait_for(
                     lambda: self._woken or self._thread is not me,
-                    POLL if self._gap is None else GAP_POLL,
+                    GAP_POLL
+                    if self._gap is not None
+                    else TOLD_POLL
+                    if told and self._unsettled is None
+                    else POLL,
                 )
 
     def _new(self, tx: Tx, *, seq: int) -> tuple[list[Event], tuple[int, int] | None]:

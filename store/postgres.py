@@ -1007,6 +1007,7 @@ class PostgresDatabase(Database):
         )
 
     queues_runs = True
+    notifies = True
 
     def queue_run(self, tx: Tx, new: NewRun) -> tuple[str, float]:
         """One call of the schema's function, sent with the transaction's
