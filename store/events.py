@@ -273,9 +273,9 @@ class Feed:
                         self._seq = settled[-1].seq
                         if len(self._recent) == self._recent.maxlen:
                             self._from = self._recent[0].seq - 1
-                        if len(rows) == READ_ROWS:
-                            continue  # more to read
                 self._cond.notify_all()
+                if failed is None and settled and len(rows) == READ_ROWS:
+                    continue  # more to read
                 self._cond.wait_for(
                     lambda: self._woken or self._thread is not me,
                     GAP_POLL

@@ -316,3 +316,15 @@ def test_a_reader_never_passes_over_a_number_that_commits_later(
     for _ in range(2):
         read()
     assert out == sorted(number[t] for t in committed)
+
+
+def test_more_events_than_one_read_come_whole_and_in_order(db: store.Store) -> None:
+    """A burst of more events than the reader reads at once (a submit of
+    many jobs) reaches a watcher whole, in order, from now on or from 0."""
+    n = store_events.READ_ROWS + 500
+    with db.watch(timeout=1.0) as live:
+        db.create_jobs("alice", [(f"j{k:05}", []) for k in range(n)])
+        seen = [e.id for e in live]
+    assert seen == [f"j{k:05}" for k in range(n)]
+    with db.watch(since=0, timeout=0.5) as again:
+        assert [e.id for e in again] == seen
