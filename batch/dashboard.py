@@ -32,21 +32,32 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from enum import Enum
 from importlib import resources
 from typing import Any
 
+import anyio
 import anyio.to_thread
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 import store
 
-__all__ = ["KEEPALIVE", "MAX_JOBS", "app", "serve"]
+__all__ = ["CANCEL_HEADER", "KEEPALIVE", "MAX_JOBS", "app", "serve"]
 
+#: The header a cancel must carry: the page sends it; another site's page
+#: cannot (a custom header asks the server's leave first, never given).
+CANCEL_HEADER = ("X-Batch-Dashboard", "cancel")
+#: The names of this host: served on one of them, the dashboard answers
+#: to them only.
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+#: Event streams open at once, each with a thread waiting on the store.
+MAX_STREAMS = 100
 #: The most jobs ``/api/jobs`` lists at once (the newest).
 MAX_JOBS = 500
 #: Seconds the server gives open requests to end when it is stopped.
@@ -81,18 +92,29 @@ def _json(value: Any, status_code: int = 200) -> JSONResponse:
 
 
 def app(
-    db: store.Store, *, allow_cancel: bool = False, stopping: Callable[[], bool] = lambda: False
+    db: store.Store,
+    *,
+    allow_cancel: bool = False,
+    allowed_hosts: Sequence[str] | None = None,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> Starlette:
-    """The dashboard of ``db`` as an ASGI application. ``stopping`` says
+    """The dashboard of ``db`` as an ASGI application. ``allowed_hosts``:
+    the names it answers to (None: any), so that another site's page cannot
+    read it through a name that resolves to it (DNS rebinding). A cancel
+    must carry the page's own header (:data:`CANCEL_HEADER`), which another
+    site's page cannot send without the server's leave. ``stopping`` says
     when the server stops: its event streams then end (within
     :data:`STOP_CHECK` seconds), so that it need not cut them."""
+    # The threads event streams wait on, apart from the pool that plain
+    # endpoints use: many open pages do not starve the JSON.
+    limiter: list[anyio.CapacityLimiter] = []
 
     def page(request: Request) -> HTMLResponse:
         html = resources.files("batch").joinpath("dashboard.html").read_text(encoding="utf-8")
         return HTMLResponse(html)
 
     def config(request: Request) -> JSONResponse:
-        return _json({"allow_cancel": allow_cancel, "store": db.path})
+        return _json({"allow_cancel": allow_cancel, "store": db.path, "kinds": store.events.KINDS})
 
     def jobs(request: Request) -> JSONResponse:
         q = request.query_params
@@ -119,6 +141,8 @@ def app(
     def cancel(request: Request) -> JSONResponse:
         if not allow_cancel:
             return _json({"error": "this dashboard is read-only (serve --allow-cancel)"}, 403)
+        if request.headers.get(CANCEL_HEADER[0]) != CANCEL_HEADER[1]:
+            return _json({"error": f"a cancel carries the header {CANCEL_HEADER[0]}"}, 403)
         row = db.find_job(request.path_params["job_id"])
         if row is None:
             return _json({"error": "no such job"}, 404)
@@ -148,12 +172,18 @@ def app(
             since = None if last is None else int(last)
         except ValueError:
             return _json({"error": "since is an event's seq"}, 400)
-        watch = await anyio.to_thread.run_sync(db.watch, since)
-        return StreamingResponse(
-            _stream(watch, request, stopping), media_type="text/event-stream", headers=_NO_CACHE
-        )
+        if not limiter:
+            limiter.append(anyio.CapacityLimiter(MAX_STREAMS))
+        stream = _stream(db, since, request, stopping, limiter[0])
+        return StreamingResponse(stream, media_type="text/event-stream", headers=_NO_CACHE)
 
+    middleware = (
+        []
+        if allowed_hosts is None
+        else [Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
+    )
     return Starlette(
+        middleware=middleware,
         routes=[
             Route("/", page),
             Route("/api/config", config),
@@ -165,26 +195,48 @@ def app(
             Route("/api/nodes", nodes),
             Route("/api/gauges", gauges),
             Route("/api/events", events),
-        ]
+        ],
     )
 
 
+#: What tells a page to read everything afresh: events it missed are gone.
+RELOAD = "event: reload\ndata: {}\n\n"
 _NO_CACHE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 async def _stream(
-    watch: store.events.Watch, request: Request, stopping: Callable[[], bool]
+    db: store.Store,
+    since: int | None,
+    request: Request,
+    stopping: Callable[[], bool],
+    limiter: anyio.CapacityLimiter,
 ) -> AsyncIterator[str]:
-    """The events of ``watch`` as server-sent events, until the browser goes
-    or the server stops (or the store fails: the browser reconnects, and
-    resumes)."""
+    """The store's events after ``since`` as server-sent events, until the
+    browser goes or the server stops (or the store fails: the browser
+    reconnects, and resumes). Events pruned since ``since`` make a
+    ``reload`` event, and the stream goes on from now."""
+    yield "retry: 1000\n\n"
     try:
-        yield "retry: 1000\n\n"
+        watch = await anyio.to_thread.run_sync(db.watch, since, limiter=limiter)
+    except store.EventsPruned:
+        # Watching from now before the page is told: it misses nothing after.
+        watch = await anyio.to_thread.run_sync(db.watch, None, limiter=limiter)
+        yield RELOAD
+    except store.StoreError:
+        return
+    try:
         quiet_since = time.monotonic()
         while not stopping() and not await request.is_disconnected():
             # Abandoned if the browser goes meanwhile: closing the watch
             # (below) wakes the thread.
-            event = await anyio.to_thread.run_sync(watch.get, STOP_CHECK, abandon_on_cancel=True)
+            try:
+                event = await anyio.to_thread.run_sync(
+                    watch.get, STOP_CHECK, abandon_on_cancel=True, limiter=limiter
+                )
+            except store.EventsPruned:
+                watch = await anyio.to_thread.run_sync(db.watch, None, limiter=limiter)
+                yield RELOAD
+                continue
             if event is None:
                 if time.monotonic() - quiet_since >= KEEPALIVE:
                     quiet_since = time.monotonic()
@@ -211,6 +263,7 @@ def serve(
         dashboard = app(
             db,
             allow_cancel=allow_cancel,
+            allowed_hosts=LOOPBACK if host in LOOPBACK else None,
             stopping=lambda: server is not None and server.should_exit,
         )
         config = uvicorn.Config(

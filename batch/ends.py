@@ -103,6 +103,9 @@ class Ends:
                     for wake in wakes:
                         wake()
                 s.watchers.clear()
-            elif job_id in s.waited or job_id in s.watchers:
+            else:
+                # Counted whoever waits: a waiter between its look at the
+                # store and its wait is not in ``waited`` yet.
                 self.told += 1
-                s.changed(job_id)
+                if job_id in s.waited or job_id in s.watchers:
+                    s.changed(job_id)

@@ -71,6 +71,8 @@ TOLD_POLL = 1.0
 #: Seconds between looks while a number is missing that a transaction in
 #: flight may still commit (it commits within milliseconds).
 GAP_POLL = 0.002
+#: Seconds a missing number is waited for before it is passed over.
+GAP_TIMEOUT = 30.0
 #: Events read in one transaction at most.
 READ_ROWS = 1000
 #: Events a feed keeps in memory for its watchers; one that falls further
@@ -78,6 +80,16 @@ READ_ROWS = 1000
 RECENT = 10_000
 
 _SELECT = "SELECT seq, kind, id, at, data FROM events"
+
+#: A number missing: the first one, the bound of the transactions that may
+#: still commit it (0: not known yet), and since when (monotonic seconds).
+Gap = tuple[int, int, float]
+
+
+def _ended(gap: Gap, horizon: tuple[int, int], now: float) -> bool:
+    """Whether the transactions ``gap`` waits for have ended (or it has
+    waited :data:`GAP_TIMEOUT`)."""
+    return horizon[0] >= gap[1] or now - gap[2] >= GAP_TIMEOUT
 
 
 def _events(rows: list[tuple[int, str, str, float, str]]) -> list[Event]:
@@ -130,12 +142,12 @@ class Feed:
         self._failed: StoreError | None = None
         self._unsubscribe: Callable[[], None] | None = None
         #: The gap being waited out (``_settle``).
-        self._gap: tuple[int, int] | None = None
-        #: When the thread started, the last number it found, and the
-        #: transaction ids at or above which one in flight may still commit
-        #: a number below it: until they have ended, a watcher from an
-        #: earlier number waits.
-        self._unsettled: tuple[int, int] | None = None
+        self._gap: Gap | None = None
+        #: When the thread started, the last number it found, the bound of
+        #: the transactions that may still commit a number below it, and
+        #: when: until they have ended, every watch waits (one from now
+        #: starts at that number, one from an earlier number reads below it).
+        self._unsettled: Gap | None = None
         self._closed = False
 
     def watch(self, since: int | None, timeout: float | None) -> Watch:
@@ -147,7 +159,16 @@ class Feed:
         ):
             raise ValueError(f"timeout is seconds >= 0 or None, not {timeout!r}")
         start = self._join()
-        return Watch(self, start if since is None else since, timeout)
+        watch = Watch(self, start if since is None else since, timeout)
+        if since is None:
+            # From now on: once every transaction that may still commit a
+            # number below the start has ended (at once on SQLite).
+            with self._cond:
+                self._cond.wait_for(
+                    lambda: self._unsettled is None or self._closed or self._failed is not None,
+                    GAP_TIMEOUT + 1.0,
+                )
+        return watch
 
     def close(self) -> None:
         """The store closed: every watch raises ``StoreError``, the thread stops."""
@@ -206,7 +227,7 @@ class Feed:
                 self._seq = self._from = seq
                 self._recent.clear()
                 self._gap = self._failed = None
-                self._unsettled = None if horizon is None else (seq, horizon[1])
+                self._unsettled = None if horizon is None else (seq, horizon[1], time.monotonic())
                 self._unsubscribe, unsubscribe = unsubscribe, None
                 self._thread = threading.Thread(target=self._read, name="store-events", daemon=True)
                 self._thread.start()
@@ -253,11 +274,11 @@ class Feed:
             with self._cond:
                 if self._thread is not me:
                     return
-                seq = self._seq
+                seq, gap = self._seq, self._gap
                 self._woken = False
             failed = None
             try:
-                rows, horizon = self._db.read(functools.partial(self._new, seq=seq))
+                rows, horizon = self._db.read(functools.partial(self._new, seq=seq, gap=gap))
             except StoreError as e:
                 failed = e
             with self._cond:
@@ -265,8 +286,9 @@ class Feed:
                     return
                 self._failed = failed
                 if failed is None:
-                    settled, self._gap = _settle(seq, rows, horizon, self._gap)
-                    if self._unsettled and horizon and horizon[0] >= self._unsettled[1]:
+                    now = time.monotonic()
+                    settled, self._gap = _settle(seq, rows, horizon, self._gap, now)
+                    if self._unsettled and horizon and _ended(self._unsettled, horizon, now):
                         self._unsettled = None
                     if settled:
                         self._recent.extend(settled)
@@ -285,12 +307,16 @@ class Feed:
                     else POLL,
                 )
 
-    def _new(self, tx: Tx, *, seq: int) -> tuple[list[Event], tuple[int, int] | None]:
+    def _new(
+        self, tx: Tx, *, seq: int, gap: Gap | None
+    ) -> tuple[list[Event], tuple[int, int] | None]:
         events = _events(
             tx.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT ?", (seq, READ_ROWS)).fetchall()
         )
-        missing = bool(events) and events[-1].seq - seq != len(events)
-        return events, self._db.horizon(tx, bound=missing)
+        # A bound costs a transaction id: asked for a number newly missing only.
+        missing = _first_missing(seq, events)
+        new = missing is not None and (gap is None or gap[0] != missing or not gap[1])
+        return events, self._db.horizon(tx, bound=new)
 
 
 class Watch(Iterator[Event]):
@@ -375,30 +401,53 @@ def _behind(tx: Tx, seq: int, upto: int) -> list[Event]:
     )
 
 
+def _first_missing(seq: int, events: list[Event]) -> int | None:
+    """The first number missing among ``events`` (read after ``seq``, in
+    order), if any is."""
+    for event in events:
+        if event.seq != seq + 1:
+            return seq + 1
+        seq = event.seq
+    return None
+
+
 def _settle(
     seq: int,
     events: list[Event],
     horizon: tuple[int, int] | None,
-    gap: tuple[int, int] | None,
-) -> tuple[list[Event], tuple[int, int] | None]:
+    gap: Gap | None,
+    now: float,
+) -> tuple[list[Event], Gap | None]:
     """Those of ``events`` (read after ``seq``, in order) that are settled,
-    and the gap still waited out: the first number missing, and the
-    transaction id at or above which one may still commit it. ``horizon``:
-    ``Database.horizon`` of the read, its bound asked for if a number is
-    missing; None where numbers come in commit order.
+    and the gap still waited out (``Gap``). ``horizon``: ``Database.horizon``
+    of the read, its bound asked for when a number is newly missing (0 when
+    not asked); None where numbers come in commit order. ``now``: the
+    monotonic time of the read.
 
     A number missing before one that was read was drawn before it, by a
     transaction that had its id already (numbers are drawn after the
-    change's own writes): below the bound of the read that found it
-    missing. Once a read's first id reaches that bound, that transaction
-    has ended, and the number is missing for good."""
+    change's own writes): below the bound of a read that found it missing.
+    Once a read's first id reaches that bound, that transaction has ended,
+    and the number is missing for good. One missing for :data:`GAP_TIMEOUT`
+    seconds is passed over all the same (logged): a transaction that long
+    in flight is not the store's, and must not stall every watcher."""
     settled: list[Event] = []
     for event in events:
         if horizon is not None and event.seq != seq + 1:
             if gap is None or gap[0] != seq + 1:
-                gap = (seq + 1, horizon[1])
+                gap = (seq + 1, horizon[1], now)
+            elif not gap[1]:
+                gap = (gap[0], horizon[1], gap[2])
+            if not gap[1]:
+                return settled, gap  # no bound yet: the next read asks for one
             if horizon[0] < gap[1]:
-                return settled, gap
+                if now - gap[2] < GAP_TIMEOUT:
+                    return settled, gap
+                log.warning(
+                    "store events: number %d still missing after %g s: passed over",
+                    gap[0],
+                    now - gap[2],
+                )
         gap = None
         settled.append(event)
         seq = event.seq

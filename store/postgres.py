@@ -343,15 +343,19 @@ _EVENTS = (
     CREATE FUNCTION store_job_moved() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
         INSERT INTO events (kind, id, at, data) VALUES (
-            CASE NEW.status WHEN 'running' THEN 'job.started' ELSE 'job.ended' END,
+            CASE TG_NAME WHEN 'job_started' THEN 'job.started' ELSE 'job.ended' END,
             NEW.id, store_now(),
-            json_build_object('owner', NEW.owner, 'status', NEW.status)::text);
+            json_build_object('owner', NEW.owner, 'status',
+                CASE TG_NAME WHEN 'job_started' THEN 'running' ELSE NEW.status END)::text);
         RETURN NULL;
     END $$
     """,
+    # A batch moves a job from queued to its end in one statement when its
+    # start and its last outcome go together (SQLite's way takes two): it
+    # started all the same. A job cancelled while queued never did.
     """
     CREATE TRIGGER job_started AFTER UPDATE OF status ON jobs FOR EACH ROW
-    WHEN (OLD.status = 'queued' AND NEW.status = 'running')
+    WHEN (OLD.status = 'queued' AND NEW.status IN ('running', 'done', 'failed', 'partial'))
     EXECUTE FUNCTION store_job_moved()
     """,
     # A job's end is told at commit, after the targets its transaction
@@ -385,7 +389,7 @@ _EVENTS = (
     BEGIN
         INSERT INTO events (kind, id, at, data) VALUES (
             CASE WHEN TG_OP = 'INSERT' AND NEW.state = 'QUEUED' THEN 'run.queued'
-                 WHEN NEW.state = 'RUNNING' THEN 'run.started'
+                 WHEN TG_OP = 'INSERT' OR NEW.state = 'RUNNING' THEN 'run.started'
                  ELSE 'run.ended' END,
             NEW.id, store_now(),
             CASE TG_OP WHEN 'INSERT' THEN json_build_object('state', NEW.state)

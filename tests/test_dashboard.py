@@ -11,7 +11,9 @@ pytest.importorskip("starlette")
 from starlette.testclient import TestClient
 
 import store
+import store.events
 from batch import dashboard
+from tests.helpers import Clock
 from tests.runs_helpers import advertise, step
 
 pytestmark = pytest.mark.timeout(60)
@@ -72,11 +74,25 @@ def test_cancel_only_when_allowed(db: store.Store, client: TestClient) -> None:
     refused = client.post("/api/jobs/j1/cancel")
     assert refused.status_code == 403
     assert db.job_status("j1", "alice") == "queued"
+    header = dict([dashboard.CANCEL_HEADER])
     with TestClient(dashboard.app(db, allow_cancel=True)) as allowed:
-        assert allowed.post("/api/jobs/j1/cancel").json() == {"cancelled": True}
-        assert allowed.post("/api/jobs/j1/cancel").json() == {"cancelled": False}
-        assert allowed.post("/api/jobs/nope/cancel").status_code == 404
+        # Without the page's header: what another site's form could send.
+        assert allowed.post("/api/jobs/j1/cancel").status_code == 403
+        assert db.job_status("j1", "alice") == "queued"
+        assert allowed.post("/api/jobs/j1/cancel", headers=header).json() == {"cancelled": True}
+        assert allowed.post("/api/jobs/j1/cancel", headers=header).json() == {"cancelled": False}
+        assert allowed.post("/api/jobs/nope/cancel", headers=header).status_code == 404
     assert db.job_status("j1", "alice") == "cancelled"
+
+
+def test_a_dashboard_on_this_host_answers_to_its_names_only(db: store.Store) -> None:
+    """Served on a loopback address, it refuses a request naming another
+    host: another site's page cannot read it by a name that resolves here."""
+    app = dashboard.app(db, allowed_hosts=dashboard.LOOPBACK)
+    with TestClient(app, base_url="http://127.0.0.1:8000") as ours:
+        assert ours.get("/api/jobs").status_code == 200
+    with TestClient(app, base_url="http://attacker.example:8000") as theirs:
+        assert theirs.get("/api/jobs").status_code == 400
 
 
 def test_runs_nodes_and_gauges(db: store.Store, client: TestClient) -> None:
@@ -107,6 +123,34 @@ def test_events_stream_resumes_after_the_last_seen(db: store.Store, client: Test
     (again,) = _frames(client, {"Last-Event-ID": "1"}, 1)
     assert again["event"] == "job.ended"
     assert client.get("/api/events?since=x").status_code == 400
+
+
+def test_a_stream_from_events_pruned_says_reload_and_goes_on(location: str, clock: Clock) -> None:
+    """A page back after the events it last saw were pruned is told to read
+    everything afresh, then gets what happens from now on."""
+    with store.open(location, clock=clock.time) as db, TestClient(dashboard.app(db)) as c:
+        db.create_job("old", "alice", ["a"])
+        clock.tick(store.events.KEPT + 1)
+        db.create_job("newer", "alice", ["a"])
+        db.register_runner("r1")
+        db.beat_runner("r1", 30.0, room=0)  # prunes "old"'s event
+        frames: list[dict[str, str]] = []
+        frame: dict[str, str] = {}
+        with c.stream("GET", "/api/events", headers={"Last-Event-ID": "0"}) as answer:
+            for line in answer.iter_lines():
+                if line:
+                    key, _, value = line.partition(": ")
+                    frame[key] = value
+                    continue
+                if "event" in frame:
+                    frames.append(frame)
+                    if frame["event"] == "reload":
+                        db.create_job("later", "alice", ["a"])
+                    else:
+                        break
+                frame = {}
+    assert [f["event"] for f in frames] == ["reload", "job.submitted"]
+    assert '"owner": "alice"' in frames[1]["data"] and '"id": "later"' in frames[1]["data"]
 
 
 def _frames(client: TestClient, headers: dict[str, str], n: int) -> list[dict[str, str]]:

@@ -11,12 +11,25 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import batch
 import store
 import store.events as store_events
-from tests.helpers import Clock
+from tests.helpers import TIMEOUT, Clock, MakeRunner, Script
 from tests.runs_helpers import advertise, finish, step
 
 pytestmark = pytest.mark.timeout(60)
+
+ALICE = batch.Caller("alice")
+
+
+def take(watch: store.events.Watch, n: int) -> list[store.Event]:
+    """The next ``n`` events of ``watch``, each within TIMEOUT."""
+    taken = []
+    for _ in range(n):
+        event = watch.get(TIMEOUT)
+        assert event is not None, f"only {len(taken)} events of {n}"
+        taken.append(event)
+    return taken
 
 
 def kinds(events: list[store.Event]) -> list[tuple[str, str]]:
@@ -27,7 +40,7 @@ def test_each_change_of_a_job_is_one_event_in_order(db: store.Store) -> None:
     """A job's life, as a watcher sees it: submitted (with its owner, name
     and size), started, each target stored, ended with its status; a
     cancel ends a job too. Numbers increase by one."""
-    with db.watch(timeout=0.5) as watch:
+    with db.watch() as watch:
         db.create_jobs("alice", [("j1", ["a", "b"])], names=["first"])
         db.register_runner("r1")
         ((_, token),) = db.beat_runner("r1", 30.0, room=1, foreign=True).taken
@@ -49,7 +62,8 @@ def test_each_change_of_a_job_is_one_event_in_order(db: store.Store) -> None:
         )
         db.create_job("j2", "bob", ["x"])
         assert db.cancel_job("j2", "bob")
-        seen = list(watch)
+        seen = take(watch, 7)
+        assert watch.get(0.2) is None
     assert kinds(seen) == [
         ("job.submitted", "j1"),
         ("job.started", "j1"),
@@ -72,12 +86,33 @@ def test_each_change_of_a_job_is_one_event_in_order(db: store.Store) -> None:
     assert watch.seq == seen[-1].seq
 
 
+def events_of(db: store.Store, job_id: str) -> list[str]:
+    """The kinds of a job's events, from the first kept to its end."""
+    kinds = []
+    with db.watch(since=0) as watch:
+        while not kinds or kinds[-1] != "job.ended":
+            event = watch.get(TIMEOUT)
+            assert event is not None, f"no end of {job_id} after {kinds}"
+            if event.id == job_id:
+                kinds.append(event.kind)
+    return kinds
+
+
+def test_a_job_a_runner_runs_starts_and_ends(db: store.Store, runner: MakeRunner) -> None:
+    """A job of one target, run by a runner (its start and its end stored
+    in one batch, one statement on PostgreSQL), has its four events."""
+    with runner(db, Script(), workers=1) as r:
+        job_id = r.submit(ALICE, ["only"])
+        r.wait(ALICE, job_id, TIMEOUT)
+    assert events_of(db, job_id) == ["job.submitted", "job.started", "target.stored", "job.ended"]
+
+
 def test_events_carry_the_stores_clock(location: str, clock: Clock) -> None:
     """An event's ``at`` is its transaction's time on the store's clock."""
-    with store.open(location, clock=clock.time) as db, db.watch(timeout=0.5) as watch:
+    with store.open(location, clock=clock.time) as db, db.watch() as watch:
         clock.tick(10.0)
         db.create_job("j1", "alice", ["a"])
-        (event,) = watch
+        (event,) = take(watch, 1)
     assert event.at == clock.time()
 
 
@@ -85,12 +120,12 @@ def test_each_change_of_a_run_is_one_event(db: store.Store) -> None:
     """A run placed at once starts; one that waits is queued, then started
     when capacity frees; each ends with its state."""
     advertise(db, "n1", "linux")
-    with db.watch(timeout=0.5) as watch:
+    with db.watch() as watch:
         db.submit_run([step("s", "linux")], run_id="r1")
         db.submit_run([step("s", "linux")], run_id="r2")
         finish(db, "n1", "r1")
         assert db.cancel_run("r2")
-        seen = list(watch)
+        seen = take(watch, 5)
     assert kinds(seen) == [
         ("run.started", "r1"),
         ("run.queued", "r2"),
@@ -105,24 +140,24 @@ def test_each_change_of_a_run_is_one_event(db: store.Store) -> None:
 def test_a_change_that_rolls_back_writes_no_event(db: store.Store) -> None:
     """A submit refused (a duplicate id) leaves no event behind."""
     db.create_job("j1", "alice", ["a"])
-    with db.watch(timeout=0.3) as watch:
+    with db.watch() as watch:
         with pytest.raises(store.Conflict):
             db.create_jobs("alice", [("j9", ["a"]), ("j1", ["b"])])
         db.create_job("j2", "alice", ["a"])
-        assert kinds(list(watch)) == [("job.submitted", "j2")]
+        assert kinds(take(watch, 1)) == [("job.submitted", "j2")]
 
 
 def test_a_watch_resumes_after_the_last_event_it_saw(db: store.Store) -> None:
     """Stopping after any event and resuming from its ``seq`` misses none
     and repeats none; a watch from the start sees every event kept."""
-    with db.watch(since=0, timeout=0.3) as everything:
+    with db.watch(since=0) as everything:
         for k in range(6):
             db.create_job(f"j{k}", "alice", ["a"])
-        seen = list(everything)
-    assert len(seen) == 6
+        seen = take(everything, 6)
     for cut in range(len(seen)):
-        with db.watch(since=seen[cut].seq, timeout=0.1) as rest:
-            assert list(rest) == seen[cut + 1 :]
+        with db.watch(since=seen[cut].seq) as rest:
+            assert take(rest, len(seen) - cut - 1) == seen[cut + 1 :]
+            assert rest.get(0.1) is None
 
 
 def test_another_handle_sees_what_one_writes(location: str) -> None:
@@ -179,8 +214,8 @@ def test_writers_side_by_side_each_event_is_seen_once_in_order(location: str) ->
                 break
         for t in threads:
             t.join(timeout=30)
-        with db.watch(since=0, timeout=0.2) as again:
-            stored = list(again)
+        with db.watch(since=0) as again:
+            stored = take(again, len(seen))
     assert sorted(seen) == sorted(stored)
     assert [e.seq for e in seen] == sorted(e.seq for e in seen)
     by_job: dict[str, list[str]] = {}
@@ -242,14 +277,14 @@ def test_old_events_are_pruned_by_the_beat_and_a_watch_from_them_says_so(
         db.beat_runner("r1", 30.0, room=0)
         with pytest.raises(store.EventsPruned), db.watch(since=0, timeout=0.1) as watch:
             list(watch)
-        with db.watch(since=1, timeout=0.1) as watch:
-            assert kinds(list(watch)) == [("job.submitted", "new")]
+        with db.watch(since=1) as watch:
+            assert kinds(take(watch, 1)) == [("job.submitted", "new")]
         # Everything old: the newest stays, and numbers go on past it.
         clock.tick(store_events.KEPT + 1)
         db.beat_runner("r1", 30.0, room=0)
-        with db.watch(since=2, timeout=0.1) as watch:
+        with db.watch(since=2) as watch:
             db.create_job("newer", "alice", ["a"])
-            (event,) = watch
+            (event,) = take(watch, 1)
         assert (event.kind, event.seq) == ("job.submitted", 3)
 
 
@@ -294,7 +329,7 @@ def test_a_reader_never_passes_over_a_number_that_commits_later(
         xmin = min((xid[t] for t in running), default=next_xid)
         bound, next_xid = next_xid, next_xid + 1
         events = [store.Event(n, "job.submitted", "j", 0.0, {}) for n in visible]
-        settled, gap = store_events._settle(seq, events, (xmin, bound), gap)
+        settled, gap = store_events._settle(seq, events, (xmin, bound), gap, 0.0)
         for e in settled:
             out.append(e.seq)
             seq = e.seq
@@ -322,9 +357,23 @@ def test_more_events_than_one_read_come_whole_and_in_order(db: store.Store) -> N
     """A burst of more events than the reader reads at once (a submit of
     many jobs) reaches a watcher whole, in order, from now on or from 0."""
     n = store_events.READ_ROWS + 500
-    with db.watch(timeout=1.0) as live:
+    with db.watch() as live:
         db.create_jobs("alice", [(f"j{k:05}", []) for k in range(n)])
-        seen = [e.id for e in live]
+        seen = [e.id for e in take(live, n)]
     assert seen == [f"j{k:05}" for k in range(n)]
-    with db.watch(since=0, timeout=0.5) as again:
-        assert [e.id for e in again] == seen
+    with db.watch(since=0) as again:
+        assert [e.id for e in take(again, n)] == seen
+
+
+def test_a_number_missing_too_long_is_passed_over(caplog: pytest.LogCaptureFixture) -> None:
+    """A transaction in flight for longer than GAP_TIMEOUT (not one of the
+    store's) does not stall the watchers for ever: the number is passed
+    over, and the log says so."""
+    events = [store.Event(3, "job.submitted", "j", 0.0, {})]
+    settled, gap = store_events._settle(1, events, (5, 9), None, 0.0)
+    assert (settled, gap) == ([], (2, 9, 0.0))
+    settled, gap = store_events._settle(1, events, (5, 0), gap, store_events.GAP_TIMEOUT - 1)
+    assert (settled, gap) == ([], (2, 9, 0.0))
+    settled, gap = store_events._settle(1, events, (5, 0), gap, store_events.GAP_TIMEOUT)
+    assert (settled, gap) == (events, None)
+    assert "number 2 still missing" in caplog.text

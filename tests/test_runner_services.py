@@ -423,6 +423,51 @@ def test_a_wait_on_a_job_another_handle_holds_is_woken_by_its_end(
     assert [job.status for job in waited] == ["done"]
 
 
+def test_an_end_between_a_waiters_look_and_its_wait_is_not_missed(
+    location: str, monkeypatch: pytest.MonkeyPatch, runner: MakeRunner
+) -> None:
+    """The job another runner holds ends, and its end is told, right after
+    the waiter looked at the store and before it waits: the waiter sees
+    that an end was told since its look, and looks again."""
+    monkeypatch.setattr(batch.waits, "WAIT_POLL", NEVER)
+    script = Script()
+    script.hold("far")
+    with (
+        store.open(location) as here,
+        store.open(location) as there,
+        runner(there, script) as running,
+        runner(here, Script()) as asking,
+    ):
+        job_id = running.submit(ALICE, ["far"])
+        script.started("far")
+        ends = asking._s.ends
+        told = threading.Event()
+        real_tell = ends._tell
+
+        def tell(ended: str | None) -> None:
+            real_tell(ended)
+            if ended == job_id:
+                told.set()
+
+        monkeypatch.setattr(ends, "_tell", tell)
+        looks = 0
+
+        def end_after_the_first_look() -> None:
+            nonlocal looks
+            looks += 1
+            if looks == 1:
+                script.release("far")
+                assert told.wait(TIMEOUT)
+
+        monkeypatch.setattr(here, "list_jobs", _then(here.list_jobs, end_after_the_first_look))
+        waited: list[batch.Job] = []
+        waiter = threading.Thread(target=lambda: waited.append(asking.wait(ALICE, job_id, NEVER)))
+        waiter.start()
+        waiter.join(TIMEOUT)
+        assert not waiter.is_alive()
+    assert [job.status for job in waited] == ["done"]
+
+
 def _then(call: Any, after: Any) -> Any:
     """``call``, followed by ``after()`` each time."""
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 trace = pytest.importorskip("opentelemetry.trace")
+otel_context = pytest.importorskip("opentelemetry.context")
 sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
 export = pytest.importorskip("opentelemetry.sdk.trace.export")
 in_memory = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
@@ -132,10 +133,20 @@ def test_no_span_without_a_recording_provider_or_with_tracing_off(
     assert fetches(spans) == []
     assert db.find_job(job_id).trace is None  # type: ignore[union-attr]
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)  # as before any SDK is set
-    with runner(db, Script(), workers=1) as r:
-        job_id = r.submit(ALICE, ["a"])
-        r.wait(ALICE, job_id, TIMEOUT)
+    # A trace context current all the same, as one taken from a request's
+    # headers is: without a provider, nothing is stored or made of it.
+    incoming = trace.SpanContext(
+        trace_id=1, span_id=2, is_remote=True, trace_flags=trace.TraceFlags(1)
+    )
+    token = otel_context.attach(trace.set_span_in_context(trace.NonRecordingSpan(incoming)))
+    try:
+        with runner(db, Script(), workers=1) as r:
+            job_id = r.submit(ALICE, ["a"])
+            r.wait(ALICE, job_id, TIMEOUT)
+    finally:
+        otel_context.detach(token)
     assert db.find_job(job_id).trace is None  # type: ignore[union-attr]
+    assert fetches(spans) == []
 
 
 def test_tracing_is_a_bool() -> None:

@@ -85,8 +85,9 @@ ROBOTS_TIMEOUT = 5.0
 ROBOTS_AT_ONCE = 16
 
 #: Seconds ``wait`` waits for an event before it looks whether it was
-#: interrupted (and at the job itself).
+#: interrupted; and between its looks at the job itself.
 STOP_CHECK = 0.1
+LOOK = 1.0
 
 #: A job that ended in one of these did not do all it was asked: exit status 1.
 SHORT_OF_DONE = (JobStatus.FAILED, JobStatus.PARTIAL, JobStatus.CANCELLED)
@@ -376,6 +377,7 @@ def _wait(args: argparse.Namespace) -> Output:
     deadline = time.monotonic() + args.timeout if args.timeout is not None else None
     with stopping() as stop, store.open(args.db, readonly=True) as db, db.watch() as events:
         job = _find(db, args.job)
+        next_look = time.monotonic() + LOOK
         while job.status in LIVE_JOB:
             if (reason := stop()) is not None:
                 return Output(None, "", _stopped_status(reason))
@@ -383,11 +385,13 @@ def _wait(args: argparse.Namespace) -> Output:
                 raise Failure(
                     f"job {job.id[:SHORT_ID]} is still {job.status} after {args.timeout:g}s"
                 )
-            # Another process runs it: its end comes as an event. A quiet
-            # spell looks at the job too, in case the events failed.
+            # Another process runs it: its end comes as an event; and the
+            # job is looked at every LOOK seconds, should the events fail.
             event = events.get(timeout=STOP_CHECK)
-            if event is None or (event.kind == "job.ended" and event.id == job.id):
+            ended = event is not None and event.kind == "job.ended" and event.id == job.id
+            if ended or time.monotonic() >= next_look:
                 job = _find(db, job.id)
+                next_look = time.monotonic() + LOOK
     return _job_output(_summary(job))
 
 
