@@ -171,6 +171,10 @@ class StoreCollector:
     def __init__(self, db: store.Store) -> None:
         self._db = db
 
+    def describe(self) -> list[GaugeMetricFamily]:
+        """Nothing: registering the collector does not read the store."""
+        return []
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
             g = self._db.gauges()

@@ -60,8 +60,9 @@ KINDS = (
 )
 #: Seconds an event is kept.
 KEPT = 3600.0
-#: Events pruned in one transaction at most.
-PRUNE_ROWS = 5000
+#: Events pruned in one transaction at most: with a beat every second or
+#: two, some ten thousand events a second are kept up with.
+PRUNE_ROWS = 20_000
 #: Seconds between looks for new events where no notice says there are
 #: some (SQLite).
 POLL = 0.05
@@ -299,13 +300,16 @@ class Feed:
                 if failed is None and settled and len(rows) == READ_ROWS:
                     continue  # more to read
                 self._cond.wait_for(
-                    lambda: self._woken or self._thread is not me,
-                    GAP_POLL
-                    if self._gap is not None
-                    else TOLD_POLL
-                    if told and self._unsettled is None
-                    else POLL,
+                    lambda: self._woken or self._thread is not me, self._pause(told)
                 )
+
+    def _pause(self, told: bool) -> float:
+        """Seconds until the next look (lock held): soon while a number is
+        missing; rarely where notices tell of new events, once nothing is
+        left to settle."""
+        if self._gap is not None:
+            return GAP_POLL
+        return TOLD_POLL if told and self._unsettled is None else POLL
 
     def _new(
         self, tx: Tx, *, seq: int, gap: Gap | None
