@@ -48,8 +48,10 @@ class Ends:
 
     def start(self) -> None:
         """Watch from now on, if not watching yet: an end committed after
-        this returns is told. Called without the runner's lock (it reads
-        the store); raises ``StoreError`` if the store cannot be read."""
+        this returns is told, but one of a transaction already in flight
+        when the store's reader began (PostgreSQL), which the waiter's next
+        look (``WAIT_POLL``) finds. Called without the runner's lock (it
+        reads the store); raises ``StoreError`` if the store cannot be read."""
         with self._lock:
             if self._watch is not None or self._stopped.is_set():
                 return

@@ -160,16 +160,11 @@ class Feed:
         ):
             raise ValueError(f"timeout is seconds >= 0 or None, not {timeout!r}")
         start = self._join()
-        watch = Watch(self, start if since is None else since, timeout)
-        if since is None:
-            # From now on: once every transaction that may still commit a
-            # number below the start has ended (at once on SQLite).
-            with self._cond:
-                self._cond.wait_for(
-                    lambda: self._unsettled is None or self._closed or self._failed is not None,
-                    GAP_TIMEOUT + 1.0,
-                )
-        return watch
+        # From now on: no wait for the transactions in flight when the
+        # reader started (one may be held open for long, as a stopped
+        # process holds it); an event of theirs below the start is not told
+        # to a watch from now (``Store.watch`` says so).
+        return Watch(self, start if since is None else since, timeout)
 
     def close(self) -> None:
         """The store closed: every watch raises ``StoreError``, the thread stops."""

@@ -134,10 +134,12 @@ class Store:
         seconds); after that it raises ``EventsPruned``.
 
         A new event is seen within ``events.POLL`` seconds (PostgreSQL: as
-        its notice arrives). Every watcher of one ``Store`` shares one
-        reader of the store. Raises ``StoreError`` if the store cannot be
-        read (the watch ends; resume from its ``seq``), and when the store
-        closes."""
+        its notice arrives). On PostgreSQL a watch from now does not see
+        the events of a transaction already in flight when this store's
+        reader began, if they are numbered below where it began. Every
+        watcher of one ``Store`` shares one reader of the store. Raises
+        ``StoreError`` if the store cannot be read (the watch ends; resume
+        from its ``seq``), and when the store closes."""
         return self._feed.watch(since, timeout)
 
     def gauges(self) -> Gauges:
