@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -369,15 +371,13 @@ def test_as_completed_sees_jobs_another_runner_holds(db: store.Store, runner: Ma
 NEVER = 600.0
 
 
-@pytest.mark.parametrize("how", ["wait", "as_completed", "wait_async"])
-def test_a_wait_on_a_job_another_handle_holds_is_woken_by_its_end(
-    location: str, monkeypatch: pytest.MonkeyPatch, runner: MakeRunner, how: str
-) -> None:
-    """A waiter through one runner on a job another runner holds, on
-    another handle of the store, returns at the job's end as the store's
-    events tell it, not at a look every WAIT_POLL (made longer than the
-    test may last, as is the waiter's own timeout)."""
-    monkeypatch.setattr(batch.waits, "WAIT_POLL", NEVER)
+@contextlib.contextmanager
+def held_elsewhere(
+    location: str, runner: MakeRunner
+) -> Iterator[tuple[store.Store, batch.Runner[Any], str, Script]]:
+    """A job of one target ("far", in flight until released) held by a runner
+    on one handle of the store; another runner on another handle to wait
+    for it: that handle, that runner, the job's id, and the fetch's script."""
     script = Script()
     script.hold("far")
     with (
@@ -388,6 +388,19 @@ def test_a_wait_on_a_job_another_handle_holds_is_woken_by_its_end(
     ):
         job_id = running.submit(ALICE, ["far"])
         script.started("far")
+        yield here, asking, job_id, script
+
+
+@pytest.mark.parametrize("how", ["wait", "as_completed", "wait_async"])
+def test_a_wait_on_a_job_another_handle_holds_is_woken_by_its_end(
+    location: str, monkeypatch: pytest.MonkeyPatch, runner: MakeRunner, how: str
+) -> None:
+    """A waiter through one runner on a job another runner holds, on
+    another handle of the store, returns at the job's end as the store's
+    events tell it, not at a look every WAIT_POLL (made longer than the
+    test may last, as is the waiter's own timeout)."""
+    monkeypatch.setattr(batch.waits, "WAIT_POLL", NEVER)
+    with held_elsewhere(location, runner) as (here, asking, job_id, script):
         waited: list[batch.Job] = []
 
         def wait() -> None:
@@ -430,16 +443,7 @@ def test_an_end_between_a_waiters_look_and_its_wait_is_not_missed(
     the waiter looked at the store and before it waits: the waiter sees
     that an end was told since its look, and looks again."""
     monkeypatch.setattr(batch.waits, "WAIT_POLL", NEVER)
-    script = Script()
-    script.hold("far")
-    with (
-        store.open(location) as here,
-        store.open(location) as there,
-        runner(there, script) as running,
-        runner(here, Script()) as asking,
-    ):
-        job_id = running.submit(ALICE, ["far"])
-        script.started("far")
+    with held_elsewhere(location, runner) as (here, asking, job_id, script):
         ends = asking._s.ends
         told = threading.Event()
         real_tell = ends._tell
