@@ -229,9 +229,16 @@ def _write_lock(location: str, *, wait: bool) -> Iterator[bool]:
 
 def trace(db: store.Store, monkeypatch: Any) -> list[str]:
     """Note every statement the store ``db`` runs from now on (with its
-    arguments), on either engine, until the test ends (``Store.tracer``)."""
+    arguments) for the calling thread, on either engine, until the test
+    ends (``Store.tracer``): not those of a runner's threads meanwhile."""
     seen: list[str] = []
-    monkeypatch.setattr(db, "tracer", lambda sql, args: seen.append(f"{sql} {args!r}"))
+    me = threading.get_ident()
+
+    def note(sql: str, args: object) -> None:
+        if threading.get_ident() == me:
+            seen.append(f"{sql} {args!r}")
+
+    monkeypatch.setattr(db, "tracer", note)
     return seen
 
 

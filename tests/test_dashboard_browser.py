@@ -54,6 +54,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: ``python -m batch`` as from a terminal: a test run in the background
+#: (SIGINT ignored, which the command keeps ignored) still sees Ctrl-C.
+AT_A_TERMINAL = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler);"
+    " runpy.run_module('batch', run_name='__main__', alter_sys=True)"
+)
+
+
 @contextlib.contextmanager
 def serving(location: str, *options: str) -> Iterator[str]:
     """``batch-runner serve`` on the store, as a process of its own; its URL
@@ -61,7 +69,17 @@ def serving(location: str, *options: str) -> Iterator[str]:
     quietly, its open event streams ended."""
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "batch", "serve", "--db", location, "--port", str(port), *options],
+        [
+            sys.executable,
+            "-c",
+            AT_A_TERMINAL,
+            "serve",
+            "--db",
+            location,
+            "--port",
+            str(port),
+            *options,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
