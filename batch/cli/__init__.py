@@ -85,8 +85,9 @@ ROBOTS_TIMEOUT = 5.0
 ROBOTS_AT_ONCE = 16
 
 #: Seconds ``wait`` waits for an event before it looks whether it was
-#: interrupted; and between its looks at the job itself.
+#: interrupted.
 STOP_CHECK = 0.1
+#: Seconds between ``wait``'s looks at the job itself, should the events fail.
 LOOK = 1.0
 
 #: A job that ended in one of these did not do all it was asked: exit status 1.
