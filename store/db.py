@@ -25,6 +25,7 @@ __all__ = [
     "CANCELLED",
     "EVENT",
     "RESYNC",
+    "TOLD",
     "WORK",
     "Cursor",
     "Database",
@@ -48,6 +49,9 @@ WORK = "work"
 RESYNC = "resync"
 #: Events were written (``store.events``): watchers read what is new.
 EVENT = "event"
+#: Events were written, and these are they (a JSON array of ``[seq, kind,
+#: id, at, data]`` follows).
+TOLD = "event:"
 
 
 class Cursor(Protocol):

@@ -16,10 +16,13 @@ transaction that rolled back). Numbers are drawn after the rows of the
 change are locked, so two changes of one job or run are numbered in the
 order they committed.
 
-Waking. One thread per ``Store`` reads what is new for all its watchers
-(a hundred watchers cost the store one reader): on PostgreSQL when a
-notice says events were written (and every :data:`TOLD_POLL` seconds, in
-case one is lost), on SQLite every :data:`POLL` seconds.
+Waking. One thread per ``Store`` takes what is new for all its watchers
+(a hundred watchers cost the store one reader). On PostgreSQL the notice
+of a commit that wrote events carries them (when they fit in one): the
+thread reads the store only when a notice did not, when a number is still
+missing after :data:`GAP_POLL` seconds, and every :data:`TOLD_POLL`
+seconds without a notice (one may be lost). On SQLite it reads every
+:data:`POLL` seconds.
 
 Events older than :data:`KEPT` seconds are pruned by the runners' beats,
 :data:`PRUNE_ROWS` at a time; a watch from a number pruned since raises
@@ -37,7 +40,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from .db import EVENT, RESYNC, Database, Tx
+from .db import EVENT, RESYNC, TOLD, Database, Tx
 from .errors import EventsPruned, StoreError
 from .shapes import Event
 
@@ -69,6 +72,10 @@ POLL = 0.05
 #: Seconds between looks where notices say so (PostgreSQL): in case one is
 #: lost (a dropped connection is followed by a ``resync`` notice).
 TOLD_POLL = 1.0
+#: Seconds at least between two times watchers are told of new events
+#: (PostgreSQL): under a stream of commits they wake a hundred times a
+#: second, not once a commit.
+TOLD_SPACING = 0.01
 #: Seconds between looks while a number is missing that a transaction in
 #: flight may still commit (it commits within milliseconds).
 GAP_POLL = 0.002
@@ -127,19 +134,28 @@ class Feed:
     or missing for good), ``_recent`` (the events read last, up to
     ``_seq``, in order), ``_from`` (every settled event above it is in
     ``_recent``), ``_watchers``, ``_thread`` (the reading thread; another
-    one left over from before stops at its next look), ``_woken``, ``_gap``
-    and ``_failed`` (what the last read raised, if it failed). Watchers
-    wait on it for ``_seq`` to move; the thread, for a notice.
+    one left over from before stops at its next look), ``_woken`` (a
+    notice came), ``_told`` (the events notices carried, above ``_seq``),
+    ``_look`` (a read of the store is due), ``_missing_since`` (when the
+    thread found a number missing among ``_told``), ``_gap`` and
+    ``_failed`` (what the last read raised, if it failed). Watchers wait on
+    it for ``_seq`` to move; the reading thread waits on ``_woke`` (its
+    lock) for a notice, so that a notice wakes no watcher.
     """
 
     def __init__(self, db: Database) -> None:
         self._db = db
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        self._woke = threading.Condition(lock)
         self._seq = self._from = 0
         self._recent: collections.deque[Event] = collections.deque(maxlen=RECENT)
         self._watchers = 0
         self._thread: threading.Thread | None = None
         self._woken = False
+        self._look = False
+        self._told: dict[int, Event] = {}
+        self._missing_since: float | None = None
         self._failed: StoreError | None = None
         self._unsubscribe: Callable[[], None] | None = None
         #: The gap being waited out (``_settle``).
@@ -172,6 +188,7 @@ class Feed:
             self._closed = True
             self._thread = None
             self._cond.notify_all()
+            self._woke.notify_all()
 
     def next(self, watch: Watch, timeout: float | None) -> list[Event]:
         """The settled events after ``watch.seq`` (a batch of them), waiting
@@ -222,7 +239,9 @@ class Feed:
             if self._thread is None and not self._closed:
                 self._seq = self._from = seq
                 self._recent.clear()
-                self._gap = self._failed = None
+                self._gap = self._failed = self._missing_since = None
+                self._told.clear()
+                self._look = True
                 self._unsettled = None if horizon is None else (seq, horizon[1], time.monotonic())
                 self._unsubscribe, unsubscribe = unsubscribe, None
                 self._thread = threading.Thread(target=self._read, name="store-events", daemon=True)
@@ -250,6 +269,7 @@ class Feed:
             self._thread = None
             unsubscribe, self._unsubscribe = self._unsubscribe, None
             self._cond.notify_all()
+            self._woke.notify_all()
         if unsubscribe is not None:
             unsubscribe()
 
@@ -258,20 +278,50 @@ class Feed:
         return seq, self._db.horizon(tx, bound=True)
 
     def _notice(self, notice: str) -> None:
-        if notice in (EVENT, RESYNC):
-            with self._cond:
+        told = None
+        if notice.startswith(TOLD):
+            try:
+                told = _events(json.loads(notice.removeprefix(TOLD)))
+            except (ValueError, TypeError):
+                log.warning("store events: a notice that is not events: %.80r", notice)
+        elif notice not in (EVENT, RESYNC):
+            return
+        with self._cond:
+            if told is None:
+                self._look = True
+            else:
+                self._told.update((e.seq, e) for e in told if e.seq > self._seq)
+            if not self._woken:  # the first notice since the thread waited for one
                 self._woken = True
-                self._cond.notify_all()
+                self._woke.notify_all()
+
+    def _take_told(self) -> None:
+        """Settle the events notices told that follow ``_seq`` (lock held)."""
+        settled: list[Event] = []
+        while (event := self._told.pop(self._seq + 1 + len(settled), None)) is not None:
+            settled.append(event)
+        if settled:
+            self._add(settled)
+
+    def _add(self, settled: list[Event]) -> None:
+        """Keep ``settled`` (the events after ``_seq``, in order) for the
+        watchers (lock held)."""
+        self._recent.extend(settled)
+        self._seq = settled[-1].seq
+        if len(self._recent) == self._recent.maxlen:
+            self._from = self._recent[0].seq - 1
+        self._cond.notify_all()
 
     def _read(self) -> None:
         me = threading.current_thread()
-        told = self._db.notifies
         while True:
             with self._cond:
                 if self._thread is not me:
                     return
+                if not self._due(me):
+                    continue
+                self._woken = self._look = False
                 seq, gap = self._seq, self._gap
-                self._woken = False
             failed = None
             try:
                 rows, horizon = self._db.read(functools.partial(self._new, seq=seq, gap=gap))
@@ -287,24 +337,51 @@ class Feed:
                     if self._unsettled and horizon and _ended(self._unsettled, horizon, now):
                         self._unsettled = None
                     if settled:
-                        self._recent.extend(settled)
-                        self._seq = settled[-1].seq
-                        if len(self._recent) == self._recent.maxlen:
-                            self._from = self._recent[0].seq - 1
+                        self._add(settled)
+                        self._told = {k: e for k, e in self._told.items() if k > self._seq}
+                    if settled and len(rows) == READ_ROWS:
+                        self._look = True  # more to read
+                        continue
                 self._cond.notify_all()
-                if failed is None and settled and len(rows) == READ_ROWS:
-                    continue  # more to read
-                self._cond.wait_for(
-                    lambda: self._woken or self._thread is not me, self._pause(told)
-                )
+                if failed is not None or not self._told_next():
+                    self._look = not self._woke.wait_for(
+                        lambda: self._woken or self._thread is not me,
+                        GAP_POLL if self._gap is not None else POLL,
+                    )
 
-    def _pause(self, told: bool) -> float:
-        """Seconds until the next look (lock held): soon while a number is
-        missing; rarely where notices tell of new events, once nothing is
-        left to settle."""
-        if self._gap is not None:
-            return GAP_POLL
-        return TOLD_POLL if told and self._unsettled is None else POLL
+    def _told_next(self) -> bool:
+        """Whether notices will tell what is new (lock held): on PostgreSQL,
+        once nothing is left to settle."""
+        return self._db.notifies and self._gap is None and self._unsettled is None
+
+    def _due(self, me: threading.Thread) -> bool:
+        """Whether to read the store now (lock held). Where notices tell
+        what is new, settle that instead and wait for the next: read only
+        when a number is missing for longer than a commit takes, when a
+        notice did not carry its events, or when none came for
+        :data:`TOLD_POLL` seconds (one may be lost)."""
+        if self._look or not self._told_next():
+            return True
+        seq = self._seq
+        self._take_told()
+        if self._seq != seq:
+            # Watchers told: the commits that follow gather meanwhile,
+            # their notices waking no one.
+            self._woken = True
+            self._woke.wait_for(lambda: self._thread is not me, TOLD_SPACING)
+            return False
+        if not self._told:
+            self._missing_since = None
+            timeout = TOLD_POLL
+        else:
+            now = time.monotonic()
+            self._missing_since = self._missing_since or now
+            timeout = self._missing_since + GAP_POLL - now
+            if timeout <= 0:
+                return True
+        self._woken = False
+        self._look = not self._woke.wait_for(lambda: self._woken or self._thread is not me, timeout)
+        return False
 
     def _new(
         self, tx: Tx, *, seq: int, gap: Gap | None

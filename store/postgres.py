@@ -57,7 +57,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from .db import EVENT, RESYNC, Cursor, Database, Tx, check_not_newer, check_readable
+from .db import EVENT, RESYNC, TOLD, Cursor, Database, Tx, check_not_newer, check_readable
 from .errors import Conflict, StoreError
 from .outcomes import SERVER_FUNCTION, record_on_server
 from .runs import QUEUE_FUNCTION, queue_on_server
@@ -107,6 +107,9 @@ POOL_PATIENCE = 0.1
 APPLICATION = "batch-store"
 #: The channel the store's notices go out on (``Database.notify``).
 CHANNEL = "batch_store"
+#: The most bytes of events a notice carries (a notice's payload is under
+#: 8,000 bytes).
+TOLD_BYTES = 7_900
 #: Seconds the listener waits for a notice before it looks whether to stop.
 LISTEN_POLL = 0.25
 #: Seconds before the listener connects again after losing its connection.
@@ -405,11 +408,19 @@ _EVENTS = (
     CREATE TRIGGER run_moved AFTER UPDATE OF state ON runs FOR EACH ROW
     WHEN (NEW.state IS DISTINCT FROM OLD.state) EXECUTE FUNCTION store_run_moved()
     """,
+    # The notice carries the events (``store.events.told``), so that a
+    # watcher need not read them; when they do not fit, it only says there
+    # are some.
     f"""
     CREATE FUNCTION store_events_notice() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        told TEXT;
     BEGIN
-        IF EXISTS (SELECT 1 FROM added) THEN
-            PERFORM pg_notify('{CHANNEL}', '{EVENT}');
+        SELECT json_agg(json_build_array(seq, kind, id, at, data) ORDER BY seq)::text
+          INTO told FROM added;
+        IF told IS NOT NULL THEN
+            PERFORM pg_notify('{CHANNEL}', CASE WHEN octet_length(told) <= {TOLD_BYTES}
+                THEN '{TOLD}' || told ELSE '{EVENT}' END);
         END IF;
         RETURN NULL;
     END $$
