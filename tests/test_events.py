@@ -187,6 +187,27 @@ def test_another_process_sees_what_one_writes(location: str) -> None:
         ]
 
 
+@pytest.mark.parametrize(
+    "junk", ["event:[not json", "event:[1, 2]", 'event:[[1, "k", "i", 0, "{"]]']
+)
+def test_a_notice_that_is_not_the_stores_loses_nothing(
+    location: str, junk: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On PostgreSQL a notice carries the events it tells of: one on the
+    store's channel that does not (sent by anyone who can connect) is
+    logged, and the watcher reads the store instead."""
+    if not location.startswith("postgresql:"):
+        pytest.skip("notices are PostgreSQL's")
+    import psycopg  # noqa: PLC0415
+
+    with store.open(location) as db, db.watch(timeout=10.0) as watch:
+        with psycopg.connect(location, autocommit=True) as other:
+            other.execute("SELECT pg_notify('batch_store', %s)", (junk,))
+        db.create_job("j1", "alice", ["a"])
+        assert kinds([next(watch)]) == [("job.submitted", "j1")]
+    assert "a notice that is not events" in caplog.text
+
+
 def test_writers_side_by_side_each_event_is_seen_once_in_order(location: str) -> None:
     """Four handles submitting and ending jobs at once (on PostgreSQL,
     transactions that number events before they commit, and commit in
