@@ -381,20 +381,19 @@ def run(opts: Options) -> list[Row]:
             Series("SELECT status, count(*) FROM jobs GROUP BY status", count),
             Goal("median", "<", 10.0),
         ),
-        Figure(
-            "12",
-            f"{sizes.watchers} watchers vs none",
-            "/s",
-            Series(f"runner, {sizes.watchers} watches open", rates["watched"]),
-            Series("runner, no watch", rates["unwatched"]),
-            Goal("ratio", ">=", 0.95),
-        ),
-        Figure(
-            "12",
-            f"{sizes.watchers} watchers at nice 19 vs none",
-            "/s",
-            Series(f"runner, {sizes.watchers} watches open, their CPU last", rates["niced"]),
-            Series("runner, no watch", rates["unwatched"]),
+        *(
+            Figure(
+                "12",
+                f"{sizes.watchers} watchers{how} vs none",
+                "/s",
+                Series(f"runner, {sizes.watchers} watches open{their}", rates[key]),
+                Series("runner, no watch", rates["unwatched"]),
+                goal,
+            )
+            for key, how, their, goal in (
+                ("watched", "", "", Goal("ratio", ">=", 0.95)),
+                ("niced", " at nice 19", ", their CPU last", None),
+            )
         ),
         metered,
     ]
