@@ -521,7 +521,8 @@ def test_cancel_waits_for_the_store_without_the_runners_lock(
     with store.open(location) as db:
         inject(db, faults, monkeypatch)
         script, hooks = Script(), Recorder()
-        script.hold("v1", "o0")
+        # o30 held: the other job is still live when the victim leaves.
+        script.hold("v1", "o0", "o30")
         with runner(db, script, hooks, workers=2) as r:
             victim = r.submit(ALICE, ["v0", "v1", "v2", "v3"])
             script.started("v1")
@@ -544,12 +545,15 @@ def test_cancel_waits_for_the_store_without_the_runners_lock(
             finally:
                 gate.set()
                 cancel.join(TIMEOUT)
-            assert answers == [True]
-            assert r.status(ALICE, victim).status == "cancelled"
-            script.release("v1")
-            hooks.wait_for(lambda h: h.depths[-1] == 1)  # stored, the victim left
-            job = r.status(ALICE, victim)
-            assert hooks.jobs == ["cancelled"]
+            try:
+                assert answers == [True]
+                assert r.status(ALICE, victim).status == "cancelled"
+                script.release("v1")
+                hooks.wait_for(lambda h: h.depths[-1] == 1)  # stored, the victim left
+                job = r.status(ALICE, victim)
+                assert hooks.jobs == ["cancelled"]
+            finally:
+                script.release("o30")
         assert [t.status for t in job.targets] == ["done", "done", "pending", "pending"]
         assert "v2" not in script.calls
 
