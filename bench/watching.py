@@ -29,7 +29,6 @@ what watching and its counts cost.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import subprocess
 import sys
@@ -233,11 +232,17 @@ def rate(targets: int, watchers: int, *, niced: bool = False) -> float:
         store.open(location).close()
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", WATCHERS, location, str(watchers // WATCHER_PROCESSES)],
+                [
+                    *(["nice", "-n", "19"] if niced else []),
+                    sys.executable,
+                    "-c",
+                    WATCHERS,
+                    location,
+                    str(watchers // WATCHER_PROCESSES),
+                ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
-                preexec_fn=(lambda: os.nice(19)) if niced else None,  # noqa: PLW1509
             )
             for _ in range(WATCHER_PROCESSES if watchers else 0)
         ]

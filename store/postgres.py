@@ -408,7 +408,7 @@ _EVENTS = (
     CREATE TRIGGER run_moved AFTER UPDATE OF state ON runs FOR EACH ROW
     WHEN (NEW.state IS DISTINCT FROM OLD.state) EXECUTE FUNCTION store_run_moved()
     """,
-    # The notice carries the events (``store.events.told``), so that a
+    # The notice carries the events (``store.db.TOLD``), so that a
     # watcher need not read them; when they do not fit, it only says there
     # are some.
     f"""
