@@ -11,7 +11,15 @@ from .clock import Clock
 from .errors import InvalidJob, JobNotFound
 from .model import Target
 
-__all__ = ["MAX_NAME", "deadline", "job_id", "job_name", "stored_id", "targets"]
+__all__ = [
+    "MAX_NAME",
+    "deadline",
+    "idempotency_key",
+    "job_id",
+    "job_name",
+    "stored_id",
+    "targets",
+]
 
 
 def targets(given: object, most: int) -> list[Target]:
@@ -42,15 +50,26 @@ MAX_NAME = 200
 def job_name(name: object) -> str | None:
     """A job's name, checked: None, or printable text of at most
     ``MAX_NAME`` characters."""
-    if name is None:
+    return _label(name, "a job's name")
+
+
+def idempotency_key(key: object) -> str | None:
+    """An idempotency key, checked as a name is."""
+    return _label(key, "an idempotency key")
+
+
+def _label(value: object, what: str) -> str | None:
+    """``value`` if it is None or printable text of 1 to ``MAX_NAME``
+    characters, not all blank; else ``InvalidJob`` saying ``what`` it is."""
+    if value is None:
         return None
-    if not isinstance(name, str):
-        raise InvalidJob(f"a job's name is a str or None, not {type(name).__name__}")
-    if not name.strip() or not name.isprintable() or len(name) > MAX_NAME:
+    if not isinstance(value, str):
+        raise InvalidJob(f"{what} is a str or None, not {type(value).__name__}")
+    if not value.strip() or not value.isprintable() or len(value) > MAX_NAME:
         raise InvalidJob(
-            f"a job's name is printable text of 1 to {MAX_NAME} characters, not {name[:40]!r}"
+            f"{what} is printable text of 1 to {MAX_NAME} characters, not {value[:40]!r}"
         )
-    return name
+    return value
 
 
 def job_id(value: object) -> str:

@@ -161,6 +161,8 @@ class Job:
     targets: list[TargetStatus]
     #: What its submitter called it (``submit(..., name=...)``), if anything.
     name: str | None = None
+    #: Its idempotency key (``submit(..., idempotency_key=...)``), if any.
+    key: str | None = None
 
     @property
     def terminal(self) -> bool:

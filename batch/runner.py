@@ -122,7 +122,14 @@ class Runner(Generic[C]):
 
     # -- the caller's side --------------------------------------------------
 
-    def submit(self, caller: C, targets: Iterable[str | Target], *, name: str | None = None) -> str:
+    def submit(
+        self,
+        caller: C,
+        targets: Iterable[str | Target],
+        *,
+        name: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> str:
         """Store a new job for ``caller`` and put it last in the rotation;
         return its id. ``name`` is what people see it as in listings (a
         host, a file; at most 200 characters). Under ``Config.max_live``, a
@@ -130,9 +137,19 @@ class Runner(Generic[C]):
         room. Raises ``InvalidJob`` for a bad target list or name and
         ``RunnerClosed`` after :meth:`close`; nothing is stored then. (A
         submit that races ``close`` may return the id of a job the closing
-        runner leaves in the store, live, for the next runner.)"""
+        runner leaves in the store, live, for the next runner.)
+
+        ``idempotency_key`` (text, as a name): if ``caller`` has a job with
+        this key in the store (not evicted or pruned), submitted by any
+        runner or process, its id is returned and nothing is stored,
+        whatever its state and whatever its targets (a key reused with
+        other targets still gives the first job, unchanged). Two submits
+        with one key racing anywhere make one job."""
         return self._submit(
-            caller, [checks.targets(targets, self._s.config.max_targets)], [checks.job_name(name)]
+            caller,
+            [checks.targets(targets, self._s.config.max_targets)],
+            [checks.job_name(name)],
+            [checks.idempotency_key(idempotency_key)],
         )[0]
 
     def submit_many(
@@ -141,13 +158,16 @@ class Runner(Generic[C]):
         jobs: Iterable[Iterable[str | Target]],
         *,
         names: Iterable[str | None] | None = None,
+        idempotency_keys: Iterable[str | None] | None = None,
     ) -> list[str]:
         """Store a job for ``caller`` for each target list of ``jobs`` (named
-        by ``names``, one each, if given), all in one transaction, and put
-        them last in the rotation in this order; return their ids, in the
-        same order. As :meth:`submit` for each, but a bad list raises
-        ``InvalidJob`` naming its index, and then nothing is stored. No list:
-        nothing is stored, and ``[]`` returned."""
+        by ``names``, with the idempotency key of ``idempotency_keys``, one
+        each, if given), all in one transaction, and put them last in the
+        rotation in this order; return their ids, in the same order. As
+        :meth:`submit` for each (a job whose key was used, before or
+        earlier in this call, gives that job's id), but a bad list raises
+        ``InvalidJob`` naming its index, and then nothing is stored. No
+        list: nothing is stored, and ``[]`` returned."""
         if isinstance(jobs, str | bytes) or not isinstance(jobs, Iterable):
             raise InvalidJob(f"jobs must be a list of target lists, not {type(jobs).__name__}")
         checked: list[list[Target]] = []
@@ -156,14 +176,16 @@ class Runner(Generic[C]):
                 checked.append(checks.targets(targets, self._s.config.max_targets))
             except InvalidJob as e:
                 raise InvalidJob(f"job {k}: {e}") from None
-        given: list[str | None] = (
-            [None] * len(checked) if names is None else [checks.job_name(n) for n in names]
+        return self._submit(
+            caller,
+            checked,
+            _each(names, len(checked), "names", checks.job_name),
+            _each(idempotency_keys, len(checked), "idempotency keys", checks.idempotency_key),
         )
-        if len(given) != len(checked):
-            raise InvalidJob(f"{len(checked)} jobs and {len(given)} names: give one name each")
-        return self._submit(caller, checked, given)
 
-    def _submit(self, caller: C, jobs: list[list[Target]], names: list[str | None]) -> list[str]:
+    def _submit(
+        self, caller: C, jobs: list[list[Target]], names: list[str | None], keys: list[str | None]
+    ) -> list[str]:
         """Store these checked jobs and let them join (see :meth:`submit_many`)."""
         s = self._s
         owner = caller_id(caller)
@@ -192,7 +214,7 @@ class Runner(Generic[C]):
         trace = tracing.current() if s.config.tracing else None
         try:
             with store_failed():
-                s.store.create_jobs(
+                stored = s.store.create_jobs(
                     owner,
                     [
                         (job_id, [t.ref for t in targets])
@@ -203,10 +225,11 @@ class Runner(Generic[C]):
                     leased=room,
                     names=names,
                     traces=None if trace is None else [trace] * len(jobs),
+                    keys=None if keys.count(None) == len(keys) else keys,
                 )
         except BaseException:
-            # The jobs may be stored all the same (the answer to the commit
-            # was lost): then the next beat finds them leased to this runner
+            # The jobs may be stored all the same (the answer to the commit was
+            # lost): then the next beat finds them leased to this runner
             # and not in its rotation, and takes them up (beat._take_up).
             with s.lock:
                 s.adding.difference_update(ids[:room])
@@ -214,21 +237,24 @@ class Runner(Generic[C]):
                 if room < len(jobs):
                     s.unwait(owner, len(jobs) - room)
             raise
-        if room:
-            started = s.clock.monotonic()
-            lease = store.Lease(s.id, 1)
-            with s.lock:
-                s.adding.difference_update(ids[:room])
-                s.reserved -= room if bounded else 0
-                s.add(
-                    [
-                        LiveJob(
-                            job_id, owner, caller, targets, started, lease, Context(s.ctx), trace
-                        )
-                        for job_id, targets in zip(ids[:room], jobs, strict=False)
-                    ]
-                )
-        return ids
+        # A job whose key was used already was not stored: it neither joins
+        # nor waits.
+        made = [own == got for own, got in zip(ids, stored, strict=True)]
+        started = s.clock.monotonic()
+        lease = store.Lease(s.id, 1)
+        with s.lock:
+            s.adding.difference_update(ids[:room])
+            s.reserved -= room if bounded else 0
+            if not all(made[room:]):
+                s.unwait(owner, made[room:].count(False))
+            joining = [
+                LiveJob(job_id, owner, caller, targets, started, lease, Context(s.ctx), trace)
+                for job_id, targets, new in zip(ids[:room], jobs, made, strict=False)
+                if new
+            ]
+            if joining:
+                s.add(joining)
+        return stored
 
     def status(self, caller: C, job_id: str) -> Job:
         """The job as stored, whichever runner holds it; ``running`` at once
@@ -252,6 +278,7 @@ class Runner(Generic[C]):
             created_at=row.created_at,
             updated_at=row.updated_at,
             targets=stored_targets(row.targets),
+            key=row.key,
         )
 
     def touch(self, caller: C, job_id: str) -> None:
@@ -435,3 +462,22 @@ class Runner(Generic[C]):
         st = self.statistics()
         state = "closed" if st.closed else "open"
         return f"<batch.Runner {state} workers={st.workers} live={st.live} inflight={st.inflight}>"
+
+
+def _each(
+    values: Iterable[str | None] | None,
+    count: int,
+    what: str,
+    check: Callable[[object], str | None],
+) -> list[str | None]:
+    """One of ``values`` (``what`` they are) per job of ``count``, each
+    checked; None for each if not given. ``InvalidJob`` if they are not
+    one each."""
+    if values is None:
+        return [None] * count
+    if isinstance(values, str) or not isinstance(values, Iterable):
+        raise InvalidJob(f"{what} are a list, one per job, not {type(values).__name__}")
+    given = [check(value) for value in values]
+    if len(given) != count:
+        raise InvalidJob(f"{count} jobs and {len(given)} {what}: give one each")
+    return given

@@ -75,22 +75,31 @@ def create_jobs(
     leased: int | None = None,
     names: Sequence[str | None] | None = None,
     traces: Sequence[str | None] | None = None,
-) -> None:
+    keys: Sequence[str | None] | None = None,
+) -> list[str]:
     """Store the rows of new jobs of ``owner`` (each an id and its refs, and
-    its name in ``names``, its trace context in ``traces``, if given), in
-    this order, ``queued``, submitted
+    its name in ``names``, its trace context in ``traces``, its idempotency
+    key in ``keys``, if given), in this order, ``queued``, submitted
     through the runner ``runner_id`` (if any). Given ``lease_until``, the
     first ``leased`` of them (None: all) are leased to that runner until
     then with token 1; the others wait for a runner with room. Their
     targets, ``pending``, are the engine's to insert
-    (``Database.insert_targets``), each its fastest way."""
+    (``Database.insert_targets``), each its fastest way.
+
+    Returns the id each job has in the store: its own, or, if ``owner``
+    has a job with its key already (stored before, or earlier in
+    ``jobs``), that job's, and then nothing of it is stored. The unique
+    index decides, so two transactions with one key make one job: on
+    PostgreSQL the second insert waits for the first to end, then finds
+    its row."""
     held = (
         0 if runner_id is None or lease_until is None else len(jobs) if leased is None else leased
     )
     conn.executemany(
         "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, runner_id,"
-        " lease_owner, lease_token, lease_until, ntargets, name, trace)"
-        f" VALUES (?, ?, '{JobStatus.QUEUED}', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " lease_owner, lease_token, lease_until, ntargets, name, trace, idempotency_key)"
+        f" VALUES (?, ?, '{JobStatus.QUEUED}', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING",
         [
             (
                 job_id,
@@ -103,11 +112,27 @@ def create_jobs(
                 len(refs),
                 names and names[k],
                 traces and traces[k],
+                keys and keys[k],
             )
             for k, (job_id, refs) in enumerate(jobs)
             for lease in [(runner_id, 1, lease_until) if k < held else (None, 0, None)]
         ],
     )
+    ids = [job_id for job_id, _ in jobs]
+    given = sorted({key for key in keys or () if key is not None})
+    if not given:
+        return ids
+    found: dict[str, str] = {}
+    for start in range(0, len(given), 500):
+        where, args = in_list("idempotency_key", given[start : start + 500])
+        found.update(
+            conn.execute(
+                f"SELECT idempotency_key, id FROM jobs WHERE owner = ? AND {where}",
+                (owner, *args),
+            ).fetchall()
+        )
+    assert keys is not None
+    return [job_id if key is None else found[key] for job_id, key in zip(ids, keys, strict=True)]
 
 
 def insert_targets(conn: Tx, jobs: Sequence[tuple[str, Sequence[str]]]) -> None:
@@ -258,7 +283,7 @@ def list_jobs(
     row read per job."""
     sql = (
         "SELECT id, owner, status, created_at, updated_at, nbytes, ndone, nfailed,"
-        " ntargets - ndone - nfailed, name FROM jobs"
+        " ntargets - ndone - nfailed, name, idempotency_key FROM jobs"
         " WHERE (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR status = ?2)"
     )
     if ids is None and newest is not None:
@@ -283,7 +308,8 @@ def _summary(job_id: str, owner: str, status: str, *rest: Any) -> JobSummary:
 
 #: The columns of ``jobs`` a :class:`JobRow` is made of, in its order.
 JOB_COLUMNS = (
-    "id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id, name, trace"
+    "id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id, name, trace,"
+    " idempotency_key"
 )
 
 
@@ -370,7 +396,8 @@ def _with_targets(conn: Tx, row: Any) -> JobRow:
 
 
 def _job(row: Any, targets: tuple[TargetRow, ...]) -> JobRow:
-    job_id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id, name, trace = row
+    # The columns after nbytes (runner_id, name, trace, key) are JobRow's last.
+    job_id, owner, status, created_at, updated_at, touched_at, nbytes, *rest = row
     return JobRow(
         job_id,
         owner,
@@ -380,9 +407,7 @@ def _job(row: Any, targets: tuple[TargetRow, ...]) -> JobRow:
         touched_at,
         nbytes,
         targets,
-        runner_id,
-        name,
-        trace,
+        *rest,
     )
 
 

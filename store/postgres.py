@@ -533,6 +533,7 @@ UPGRADES: tuple[tuple[str, ...], ...] = (
     _EVENTS,
     _JOB_COUNTS_BY_STATUS,
     MIGRATIONS[12],
+    MIGRATIONS[13],
 )
 assert SCHEMA_VERSION + len(UPGRADES) == VERSION
 

@@ -395,6 +395,17 @@ _JOB_TRACES = (
     "ALTER TABLE jobs ADD COLUMN trace TEXT",
 )
 
+_JOB_KEYS = (
+    # The submitter's idempotency key: one job per owner and key, whoever
+    # submits it (a unique index, so two submits racing in any processes
+    # make one job). Free again once the job is evicted or pruned.
+    "ALTER TABLE jobs ADD COLUMN idempotency_key TEXT",
+    """
+    CREATE UNIQUE INDEX jobs_keyed ON jobs (owner, idempotency_key)
+    WHERE idempotency_key IS NOT NULL
+    """,
+)
+
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _JOBS,
     _RUNS,
@@ -409,5 +420,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _EVENTS,
     _JOB_COUNTS_BY_STATUS,
     _JOB_TRACES,
+    _JOB_KEYS,
 )
 VERSION = len(MIGRATIONS)

@@ -103,6 +103,8 @@ class JobRow:
     #: The trace context current when it was submitted (a W3C
     #: ``traceparent``), if any: where its fetches' spans belong.
     trace: str | None = None
+    #: The submitter's idempotency key, if it gave one.
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +173,8 @@ class JobSummary:
     failed: int
     pending: int
     name: str | None = None
+    #: The submitter's idempotency key, if it gave one.
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

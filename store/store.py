@@ -176,17 +176,22 @@ class Store:
         leased: int | None = None,
         names: Sequence[str | None] | None = None,
         traces: Sequence[str | None] | None = None,
-    ) -> None:
+        keys: Sequence[str | None] | None = None,
+    ) -> list[str]:
         """Store the ``new`` jobs of ``owner`` (each its id and refs, named
-        by ``names`` and with the trace context of ``traces`` if given) in
-        one transaction, in this order, as
-        :meth:`create_job` does; given ``lease_for``, the first ``leased``
-        (None: all) are leased to the runner, the others wait for any runner
-        with room."""
+        by ``names``, with the trace context of ``traces`` and the
+        idempotency key of ``keys`` if given) in one transaction, in this
+        order, as :meth:`create_job` does; given ``lease_for``, the first
+        ``leased`` (None: all) are leased to the runner, the others wait
+        for any runner with room.
 
-        def create(tx: Tx) -> None:
+        Returns each job's id in the store: its own, or that of the job
+        ``owner`` has with its key already (stored before, by any process,
+        or earlier in ``new``), and then nothing of it is stored."""
+
+        def create(tx: Tx) -> list[str]:
             until = None if lease_for is None else tx.now + lease_for
-            jobs.create_jobs(
+            ids = jobs.create_jobs(
                 tx,
                 owner,
                 new,
@@ -196,12 +201,15 @@ class Store:
                 leased=leased,
                 names=names,
                 traces=traces,
+                keys=keys,
             )
-            self._db.insert_targets(tx, new)
+            made = [job for job, got in zip(new, ids, strict=True) if got == job[0]]
+            self._db.insert_targets(tx, made)
             if until is None or (leased is not None and leased < len(new)):
                 self._db.notify(tx, WORK)
+            return ids
 
-        self._db.write(create, fenced=True)
+        return self._db.write(create, fenced=True)
 
     def set_job_status(self, job_id: str, status: JobStatus, lease: Lease | None = None) -> bool:
         """Move a live job to ``status``; False if it is gone, already terminal

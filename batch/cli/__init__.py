@@ -502,6 +502,7 @@ def _summary(job: store.JobRow) -> store.JobSummary:
         statuses.count(TargetState.FAILED),
         statuses.count(TargetState.PENDING),
         job.name,
+        job.key,
     )
 
 
@@ -511,6 +512,7 @@ def _job_output(job: store.JobSummary) -> Output:
         "job": job.id,
         "name": job.name or "-",
         "caller": job.owner,
+        "key": job.key or "-",
         "status": job.status,
         "targets": f"{job.done} done, {job.failed} failed, {job.pending} pending",
         "bytes": size(job.nbytes),
@@ -526,6 +528,7 @@ def _job_json(job: store.JobSummary) -> dict[str, Any]:
         "id": job.id,
         "name": job.name,
         "caller": job.owner,
+        "key": job.key,
         "status": job.status,
         "done": job.done,
         "failed": job.failed,
