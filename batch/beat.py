@@ -62,6 +62,7 @@ def beat(s: State[C], resume: Resume) -> bool:
     s.reserved += reserved
     # Until the jobs taken are adopted: a cancel meanwhile is noted there.
     s.cancelled_in_beat = set()
+    pause_changes = s.pause_changes
     trouble = s.trouble("the beat")
     try:
         try:
@@ -76,6 +77,13 @@ def beat(s: State[C], resume: Resume) -> bool:
         if s.closed:
             return True  # what it took is released when the runner retires
         s.valid_until = started + lapse
+        if s.pause_changes == pause_changes:
+            s.pause(
+                frozenset(
+                    [("caller", name) for name in got.paused.callers]
+                    + [("upstream", name) for name in got.paused.upstreams]
+                )
+            )
         s.wake_worker()
         for job in s.rotation:
             if job.id not in known or job.lost:

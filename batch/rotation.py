@@ -65,6 +65,7 @@ class LiveJob(Generic[C]):
         "owner",
         "pace",
         "parked",
+        "paused",
         "queued",
         "retry_at",
         "running",
@@ -104,6 +105,7 @@ class LiveJob(Generic[C]):
         self.queued = False  # waiting in the rotation for its turn
         self.pace: Pace | None = None  # the upstream of its target in flight, if paced
         self.parked: Pace | None = None  # the upstream it waits on, if parked
+        self.paused: tuple[str, str] | None = None  # the pause that holds it, if one does
         self.trace = trace
         self.attempts = 0
         self.first_span: Any = None
@@ -355,6 +357,11 @@ class Rotation(Generic[C]):
     returns), back among the ready jobs at its order. So a held upstream
     costs no pick more than O(log n), and delays no job of another.
 
+    A job whose turn comes while its caller, or its next target's
+    upstream, is paused (:meth:`pause`) waits the same way, in a ring of
+    that pause's (``_held``), until it is lifted: then all its jobs are
+    back among the ready ones at their order.
+
     Not thread-safe: the runner's lock guards it. Invariants: ``_by_id``
     holds the live jobs and ``_owners`` counts them by caller; a job has at
     most one entry in ``_ready`` and ``_retry`` together (``LiveJob.queued``).
@@ -365,10 +372,12 @@ class Rotation(Generic[C]):
 
     __slots__ = (
         "_by_id",
+        "_held",
         "_new",
         "_orders",
         "_owners",
         "_parked",
+        "_pauses",
         "_ready",
         "_retry",
         "_timer_at",
@@ -396,6 +405,10 @@ class Rotation(Generic[C]):
         self._parked: dict[str, _Ring[str]] = {}
         self._timers: list[tuple[float, str]] = []
         self._timer_at: dict[str, float] = {}
+        # What is paused, as ("caller", id) and ("upstream", name); the
+        # jobs each pause holds.
+        self._pauses: frozenset[tuple[str, str]] = frozenset()
+        self._held: dict[tuple[str, str], _Ring[str]] = {}
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -428,6 +441,7 @@ class Rotation(Generic[C]):
             self._by_id, self._owners = {}, Counter()
             self._ready, self._retry = self._new(), []
             self._parked, self._timers, self._timer_at = {}, [], {}
+            self._held = {}
 
     def __iter__(self) -> Iterator[LiveJob[C]]:
         return iter(list(self._by_id.values()))
@@ -470,8 +484,11 @@ class Rotation(Generic[C]):
                 del self._timer_at[name]
                 self._release(name)
         paces = self.paces
+        pauses = self._pauses
         while (job := self._ready.pop(self._live)) is not None:
             pace = None if paces is None else paces.of(job.targets[job.next], now)
+            if pauses and self._hold(job, pace):
+                continue
             if paces is None or pace is None:
                 job.queued = False
                 return job
@@ -490,6 +507,31 @@ class Rotation(Generic[C]):
             elif pace.starved():
                 paces.fresh = True  # the store does not know a job wants it
         return None
+
+    def pause(self, pauses: frozenset[tuple[str, str]]) -> bool:
+        """From now on ``pauses`` are what is paused: ``("caller", id)``
+        and ``("upstream", name)``. The jobs held by a pause lifted are
+        back among the ready ones; returns whether any are."""
+        self._pauses = pauses
+        lifted = [key for key in self._held if key not in pauses]
+        for key in lifted:
+            ring = self._held.pop(key)
+            while (job := _take(ring, self._live)) is not None:
+                job.paused = None
+                self._ready.push(job)
+        return bool(lifted)
+
+    def _hold(self, job: LiveJob[C], pace: Pace | None) -> bool:
+        """Hold ``job`` (just popped, its next target's upstream paced by
+        ``pace``) if its caller or that upstream is paused."""
+        key = ("caller", job.owner)
+        if key not in self._pauses:
+            key = ("upstream", "" if pace is None else pace.name)
+            if pace is None or key not in self._pauses:
+                return False
+        job.paused = key
+        self._held.setdefault(key, _Ring()).push(job.order, job.id)
+        return True
 
     def returned(
         self, job: LiveJob[C], answer: Answer, seconds: float, after: float, now: float
@@ -511,6 +553,9 @@ class Rotation(Generic[C]):
             return {"state": "fetching", "target": job.next}
         if job.halted:
             return {"state": "stopping"}
+        if job.paused is not None:
+            kind, name = job.paused
+            return {"state": "paused", kind: name}
         if job.parked is not None:
             pace = job.parked
             return {"state": "upstream", "why": pace.why(now), **pace.explain(now)}

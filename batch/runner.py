@@ -84,6 +84,7 @@ class Runner(Generic[C]):
     - ``requeue_failed``: ``InvalidJob``, ``JobNotFound``, ``RunnerClosed``;
     - ``explain``: ``JobNotFound``;
     - ``upstreams``: nothing;
+    - ``pause``, ``unpause``: nothing else;
     - ``close``: ``TimeoutError``.
     """
 
@@ -414,7 +415,9 @@ class Runner(Generic[C]):
         for its ``share`` of the store's limits; with ``upstream``,
         ``held_until``, ``inflight``, ``concurrency``, ``rate``,
         ``breaker``); ``stopping`` (cancelled, its target in flight
-        finishing); ``elsewhere`` (another runner, or none yet, holds it).
+        finishing); ``paused`` (its ``caller``, or the ``upstream`` of its
+        next target, is paused: :meth:`pause`); ``elsewhere`` (another
+        runner, or none yet, holds it).
         Raises ``JobNotFound`` like :meth:`status`."""
         job = self.status(caller, job_id)
         out: dict[str, object] = {"id": job.id, "status": job.status}
@@ -434,6 +437,35 @@ class Runner(Generic[C]):
         s = self._s
         with s.lock:
             return s.rotation.upstreams(s.clock.monotonic())
+
+    def pause(self, caller: C | str | None = None, upstream: str | None = None) -> None:
+        """Start no new target for ``caller`` (a caller, or its id) and of
+        ``upstream`` (whichever are given), on any runner of the store,
+        until :meth:`unpause`: on this runner once this returns, on the
+        others from their next beat (a third of ``Config.takeover_after``).
+        Targets in flight finish and are stored; the jobs stay live, keep
+        their place in the rotation, and go on where they stopped. An
+        upstream is the one ``Config.upstream`` names for a target: a
+        runner without it pauses callers only. The pause is stored: it
+        outlives this runner. ``TypeError`` unless at least one is given,
+        each a non-empty ``str`` (or a caller)."""
+        self._pause(caller, upstream, paused=True)
+
+    def unpause(self, caller: C | str | None = None, upstream: str | None = None) -> None:
+        """Undo :meth:`pause` of ``caller`` and ``upstream`` (whichever are
+        given; one not paused is left as it is): the jobs it held start
+        again, here at once, on the other runners from their next beat."""
+        self._pause(caller, upstream, paused=False)
+
+    def _pause(self, caller: C | str | None, upstream: str | None, *, paused: bool) -> None:
+        s = self._s
+        owner = caller if caller is None or isinstance(caller, str) else caller_id(caller)
+        with store_failed():
+            (s.store.pause if paused else s.store.unpause)(caller=owner, upstream=upstream)
+        keys = {("caller", owner)} if owner is not None else set()
+        keys |= {("upstream", upstream)} if upstream is not None else set()
+        with s.lock:
+            s.pause(s.pauses | keys if paused else s.pauses - keys, mine=True)
 
     def close(self, timeout: float | None = None) -> None:
         """Stop: start no further target, cancel the fetch context, store what

@@ -168,6 +168,12 @@ class State(Generic[C]):
         # rotation once stored: a beat meanwhile may find them held, and must
         # not take them up as jobs this runner holds and does not run.
         self.adding: set[str] = set()
+        # What is paused (``Runner.pause``), as the rotation holds it; and
+        # how many times this runner changed it: a beat applies what it
+        # read of the store only if that did not change meanwhile (its read
+        # may predate the change).
+        self.pauses: frozenset[tuple[str, str]] = frozenset()
+        self.pause_changes = 0
         # By kind of store call, its failures in a row (see batch.trouble).
         self.troubles: dict[str, Trouble] = {}
         self.valid_until = clock.monotonic() + config.takeover_after
@@ -295,6 +301,14 @@ class State(Generic[C]):
         if count > jobs:
             self.waiting[owner] = (caller, count - jobs)
         return caller
+
+    def pause(self, pauses: frozenset[tuple[str, str]], *, mine: bool = False) -> None:
+        """What is paused is ``pauses`` from now on (``mine``: a change this
+        runner made); jobs a lifted pause held may start."""
+        self.pause_changes += mine
+        self.pauses = pauses
+        if self.rotation.pause(pauses):
+            self.wake_worker()
 
     def room(self) -> int | None:
         """How many more jobs may join the rotation (None: no limit)."""

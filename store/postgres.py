@@ -534,6 +534,7 @@ UPGRADES: tuple[tuple[str, ...], ...] = (
     _JOB_COUNTS_BY_STATUS,
     MIGRATIONS[12],
     MIGRATIONS[13],
+    MIGRATIONS[14],
 )
 assert SCHEMA_VERSION + len(UPGRADES) == VERSION
 

@@ -33,7 +33,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from . import events, jobs
+from . import events, jobs, pauses
 from .db import Tx, in_list
 from .jobs import NO_LIMIT
 from .shapes import Beat, JobRow
@@ -156,7 +156,9 @@ def beat(
         if gone_args:
             orphans += _ids(conn, f"{free} AND {gone}", (*free_args, *gone_args), ORPHANS_PER_BEAT)
         ids += [job_id for _, job_id in sorted(orphans)[:ORPHANS_PER_BEAT]]
-    return Beat(held, frozenset(ended), _lease(conn, runner_id, ids, now + lapse))
+    return Beat(
+        held, frozenset(ended), _lease(conn, runner_id, ids, now + lapse), pauses.read(conn)
+    )
 
 
 def halted(conn: Tx, runner_id: str) -> list[str]:

@@ -406,6 +406,19 @@ _JOB_KEYS = (
     """,
 )
 
+_PAUSES = (
+    # What an operator paused (``store.pauses``): no new target starts for
+    # that caller, or of that upstream, on any runner of the store.
+    """
+    CREATE TABLE paused (
+        kind  TEXT NOT NULL CHECK (kind IN ('caller', 'upstream')),
+        name  TEXT NOT NULL,
+        since REAL NOT NULL,
+        PRIMARY KEY (kind, name)
+    )
+    """,
+)
+
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _JOBS,
     _RUNS,
@@ -421,5 +434,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _JOB_COUNTS_BY_STATUS,
     _JOB_TRACES,
     _JOB_KEYS,
+    _PAUSES,
 )
 VERSION = len(MIGRATIONS)

@@ -4,6 +4,7 @@ advertise, what runs hold, and what the store hands back."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -178,6 +179,15 @@ class JobSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class Paused:
+    """What is paused on the store (``Store.pause``): callers by id and
+    upstreams by name, each with when it was paused (epoch seconds)."""
+
+    callers: Mapping[str, float] = field(default_factory=dict)
+    upstreams: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Beat:
     """What one beat found. ``held``: the live jobs the runner still holds,
     by id, with their token (renewed now); ``ended``: jobs it held that are
@@ -188,6 +198,8 @@ class Beat:
     held: dict[str, int]
     ended: frozenset[str]
     taken: list[tuple[JobRow, int]]
+    #: What is paused on the store, as of the beat.
+    paused: Paused = Paused()
 
 
 # -- the run scheduler -------------------------------------------------------------

@@ -16,6 +16,7 @@ from . import (
     jobs,
     nodes,
     outcomes,
+    pauses,
     queue,
     record,
     runners,
@@ -35,6 +36,7 @@ from .shapes import (
     JobSummary,
     Lease,
     NodeView,
+    Paused,
     RunView,
     Step,
     Stored,
@@ -382,6 +384,29 @@ class Store:
             fenced=True,
         )
 
+    def pause(self, *, caller: str | None = None, upstream: str | None = None) -> None:
+        """Pause the caller with id ``caller`` and the upstream ``upstream``
+        (whichever are given): no runner of the store starts a new target
+        for that caller, or of that upstream, from its next beat on (a
+        runner that pauses, at once), until unpaused. Pausing what is
+        paused changes nothing (it keeps the time it was first paused)."""
+        given = _paused_names(caller, upstream)
+        self._db.write(
+            lambda tx: [pauses.pause(tx, kind, name) for kind, name in given], fenced=True
+        )
+
+    def unpause(self, *, caller: str | None = None, upstream: str | None = None) -> None:
+        """Undo :meth:`pause` for whichever are given (nothing for one not
+        paused): runners start their targets again from their next beat."""
+        given = _paused_names(caller, upstream)
+        self._db.write(
+            lambda tx: [pauses.unpause(tx, kind, name) for kind, name in given], fenced=True
+        )
+
+    def paused(self) -> Paused:
+        """What is paused now, with when each was."""
+        return self._db.read(pauses.read)
+
     def halted_jobs(self, runner_id: str) -> list[str]:
         """Ids of the jobs leased to the runner that are terminal already
         (cancelled through another runner)."""
@@ -648,6 +673,19 @@ def open(
     if not readonly:
         db._wake("open")
     return db
+
+
+def _paused_names(caller: str | None, upstream: str | None) -> list[tuple[str, str]]:
+    """The kinds and names of what :meth:`Store.pause` is given, checked:
+    each a non-empty str, and at least one."""
+    named = zip(pauses.KINDS, (caller, upstream), strict=True)
+    given = [(kind, name) for kind, name in named if name is not None]
+    for kind, name in given:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{kind} is a non-empty str, not {name!r}")
+    if not given:
+        raise TypeError("give a caller, an upstream, or both")
+    return given
 
 
 def _connect(location: str | Path, *, synchronous: Synchronous, readonly: bool) -> Database:

@@ -448,6 +448,37 @@ def test_jobs_lists_the_store(history: tuple[Path, list[str]]) -> None:
     assert cli("jobs", "--db", path, "--caller", "carol", "--json").stdout == ""
 
 
+def test_pause_and_unpause_are_stored_and_shown(history: tuple[Path, list[str]]) -> None:
+    """``pause`` stores what it is given and shows what is paused (alone:
+    only shows it); ``jobs`` and ``status`` say whose caller is paused;
+    ``unpause`` lifts it; a runner opened later honours what is stored."""
+    path, _ = history
+    assert cli("pause", "--db", path).stdout == "nothing is paused\n"
+    done = cli("pause", "--caller", "alice", "--db", path, "--json")
+    assert done.returncode == 0, done
+    assert [json.loads(line)["name"] for line in done.stdout.splitlines()] == ["alice"]
+    done = cli("pause", "--upstream", "example.org", "--db", path)
+    assert [line.split()[:2] for line in done.stdout.splitlines()] == [
+        ["paused", "name"],
+        ["caller", "alice"],
+        ["upstream", "example.org"],
+    ]
+    jobs = cli("jobs", "--db", path)
+    assert jobs.stdout.splitlines()[-1] == "paused: caller alice, upstream example.org"
+    listed = [json.loads(line) for line in cli("jobs", "--db", path, "--json").stdout.splitlines()]
+    assert [j["paused"] for j in listed] == [True] * 17 + [False]
+    with store.open(path) as db, batch.Runner(db, lambda ctx, caller, target: None) as runner:
+        job = runner.submit(batch.Caller("alice"), ["x"])
+        assert within(WAIT, lambda: runner.explain(batch.Caller("alice"), job)["state"] == "paused")
+        status = cli("status", job, "--db", path)
+        assert "queued (its caller is paused)" in status.stdout, status
+        done = cli("unpause", "--caller", "alice", "--upstream", "example.org", "--db", path)
+        assert done.stdout == "nothing is paused\n"
+        # This runner learns it at its next beat.
+        assert runner.wait(batch.Caller("alice"), job, timeout=WAIT).status == "done"
+    assert cli("pause", "--caller", "", "--db", path).returncode == 2
+
+
 def test_views_read_a_store_nobody_may_write(history: tuple[Path, list[str]]) -> None:
     path, ids = history
     with frozen(path.parent, path):

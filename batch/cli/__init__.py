@@ -331,19 +331,63 @@ def _save_dir(path: str | None) -> str | None:
 # -- reading and steering the store: jobs, status, targets, wait, cancel ----------------
 
 
+#: What a job that ended is shown with: whether its caller is paused does not matter.
+NOTHING_PAUSED = store.Paused()
+
+
 def _jobs(args: argparse.Namespace) -> Output:
     """List the stored jobs."""
     with store.open(args.db, readonly=True) as db:
         status = None if args.status is None else JobStatus(args.status)
         jobs = db.list_jobs(owner=args.caller, status=status)
-    return Output([_job_json(j) for j in jobs], _job_table(jobs))
+        paused = db.paused()
+    text = _job_table(jobs)
+    if paused.callers or paused.upstreams:
+        text += "\npaused: " + ", ".join(_paused_names(paused))
+    return Output([_job_json(j, paused) for j in jobs], text)
 
 
 def _status(args: argparse.Namespace) -> Output:
     """One job's summary; status 1 if it ended failed, partial or cancelled."""
     with store.open(args.db, readonly=True) as db:
         job = _summary(_find(db, args.job))
-    return _job_output(job)
+        paused = db.paused()
+    return _job_output(job, paused)
+
+
+def _pause(args: argparse.Namespace) -> Output:
+    """Pause a caller or an upstream on every runner; alone: what is paused."""
+    return _pausing(args, paused=True)
+
+
+def _unpause(args: argparse.Namespace) -> Output:
+    """Unpause a caller or an upstream; alone: what is paused."""
+    return _pausing(args, paused=False)
+
+
+def _pausing(args: argparse.Namespace, *, paused: bool) -> Output:
+    """Pause (or unpause) what ``args`` names, if anything; show what is paused."""
+    change = args.caller is not None or args.upstream is not None
+    with store.open(args.db, readonly=not change) as db:
+        if change:
+            (db.pause if paused else db.unpause)(caller=args.caller, upstream=args.upstream)
+        now = db.paused()
+    rows = [("caller", name, since) for name, since in now.callers.items()]
+    rows += [("upstream", name, since) for name, since in now.upstreams.items()]
+    return Output(
+        [{"kind": kind, "name": name, "since": since} for kind, name, since in rows],
+        table(
+            ("paused", "name", "since"),
+            ((kind, name, moment(since)) for kind, name, since in rows),
+            empty="nothing is paused",
+        ),
+    )
+
+
+def _paused_names(paused: store.Paused) -> list[str]:
+    return [f"caller {name}" for name in paused.callers] + [
+        f"upstream {name}" for name in paused.upstreams
+    ]
 
 
 def _targets(args: argparse.Namespace) -> Output:
@@ -506,30 +550,34 @@ def _summary(job: store.JobRow) -> store.JobSummary:
     )
 
 
-def _job_output(job: store.JobSummary) -> Output:
-    """One job, as ``status`` shows it; status 1 if it ended short of done."""
+def _job_output(job: store.JobSummary, paused: store.Paused = NOTHING_PAUSED) -> Output:
+    """One job, as ``status`` shows it (with what is ``paused``); status 1
+    if it ended short of done."""
     fields = {
         "job": job.id,
         "name": job.name or "-",
         "caller": job.owner,
         "key": job.key or "-",
-        "status": job.status,
+        "status": f"{job.status} (its caller is paused)"
+        if job.owner in paused.callers and job.status in LIVE_JOB
+        else job.status,
         "targets": f"{job.done} done, {job.failed} failed, {job.pending} pending",
         "bytes": size(job.nbytes),
         "created": moment(job.created_at),
         "updated": f"{moment(job.updated_at)} ({job.updated_at - job.created_at:.1f}s later)",
     }
     text = "\n".join(f"{key:<8} {value}" for key, value in fields.items())
-    return Output(_job_json(job), text, EXIT_FAILED if job.status in SHORT_OF_DONE else 0)
+    return Output(_job_json(job, paused), text, EXIT_FAILED if job.status in SHORT_OF_DONE else 0)
 
 
-def _job_json(job: store.JobSummary) -> dict[str, Any]:
+def _job_json(job: store.JobSummary, paused: store.Paused = NOTHING_PAUSED) -> dict[str, Any]:
     return {
         "id": job.id,
         "name": job.name,
         "caller": job.owner,
         "key": job.key,
         "status": job.status,
+        "paused": job.owner in paused.callers,
         "done": job.done,
         "failed": job.failed,
         "pending": job.pending,
@@ -614,6 +662,10 @@ def build_parser(prog: str = "python -m batch") -> Parser:
         p.add_argument("job", metavar="JOB", help="a job id, or a unique prefix of one")
 
     add("upstreams", _upstreams, parents=[as_json])
+    for name, handler in (("pause", _pause), ("unpause", _unpause)):
+        p = add(name, handler, parents=[as_json])
+        p.add_argument("--caller", type=_text, help="this caller's jobs")
+        p.add_argument("--upstream", type=_text, help="this upstream's targets (a URL's host)")
     p = add("explain", _explain, parents=[as_json])
     p.add_argument("job", metavar="JOB", help="a job id, or a unique prefix of one")
 
