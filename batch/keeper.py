@@ -6,6 +6,7 @@ at the end."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TypeVar
 
 import store
@@ -33,6 +34,10 @@ CANCEL_POLL = 0.1
 #: Seconds before a beat the store refused is tried again (at most).
 RETRY_BEAT = 0.5
 
+#: Seconds between prunes of the jobs ``Config.keep`` keeps no longer (at
+#: once again while a prune finds a full batch).
+PRUNE_EVERY = 1.0
+
 #: Seconds between syncs of the upstreams a runner paces with the store
 #: (at once when one appears, or a busy answer holds one).
 PACE_SYNC = 0.5
@@ -42,12 +47,14 @@ def keep(s: State[C], resume: Resume) -> None:
     """The keeper thread, until the runner's workers are joined: beat three
     times per lease (and at once when room frees under ``max_live``), store
     ``running`` for jobs no batch carried within ``START_DELAY``, look for
-    jobs cancelled elsewhere; at the end, retire (release every lease)."""
+    jobs cancelled elsewhere, prune what ``Config.keep`` keeps no longer; at
+    the end, retire (release every lease)."""
     interval = s.config.takeover_after / 3
     paces = s.rotation.paces
+    keep = s.config.keep
     with s.lock:
         next_beat = s.clock.monotonic() + interval
-        next_poll = next_sync = 0.0
+        next_poll = next_sync = next_prune = 0.0
         shared = False  # the store holds rows of this runner's upstreams
         while not s.stopping:
             now = s.clock.monotonic()
@@ -64,8 +71,12 @@ def keep(s: State[C], resume: Resume) -> None:
             elif now >= next_poll and len(s.rotation):
                 _poll_cancels(s)
                 next_poll = s.clock.monotonic() + CANCEL_POLL
+            elif keep and now >= next_prune:
+                next_prune = s.clock.monotonic() + (0.0 if _prune(s, keep) else PRUNE_EVERY)
             else:
                 due = [next_beat] + ([next_poll] if len(s.rotation) else [])
+                if keep:
+                    due.append(next_prune)
                 if paces is not None:
                     due.append(next_sync)
                 if s.starting:
@@ -135,6 +146,24 @@ def _sync_upstreams(s: State[C], shared: bool) -> bool:
     s.pass_on(now)  # jobs parked on them may start now
     s.keep_timer(now)
     return bool(wants)
+
+
+def _prune(s: State[C], keep: Mapping[str, float]) -> bool:
+    """Delete a batch of the jobs of each status in ``keep`` that ended
+    longer ago than it keeps them; returns whether a batch was full (more
+    may be due)."""
+    trouble = s.trouble("pruning ended jobs")
+    full = False
+    try:
+        with unlocked(s.lock):
+            for status, seconds in keep.items():
+                pruned = s.store.prune(seconds, [status], limit=store.jobs.PRUNE_BATCH)
+                full |= pruned == store.jobs.PRUNE_BATCH
+    except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
+        trouble.failed("cannot prune the jobs that ended; trying again")
+        return False
+    trouble.ok()
+    return full
 
 
 def _poll_cancels(s: State[C]) -> None:

@@ -10,7 +10,7 @@ from json.scanner import make_scanner
 from typing import Any, Literal, Protocol
 
 from .errors import InvalidJob
-from .states import LIVE_JOB, JobStatus, TargetState
+from .states import LIVE_JOB, TERMINAL_JOB, JobStatus, TargetState
 
 __all__ = [
     "MAX_REF_BYTES",
@@ -260,6 +260,10 @@ class Config:
     - ``tracing``: a span per fetch in the submitter's trace, where
       ``opentelemetry-api`` is installed and the application records
       traces (``batch.tracing``); False: none.
+    - ``keep``: ``status -> seconds``, how long a job that ended in that
+      status is kept (``{"done": 3600, "failed": 7 * 86400}``); the runner
+      prunes older ones in small batches (``Store.prune``), beside the
+      byte budget. A status not named is kept until evicted.
     """
 
     workers: int = 4
@@ -275,6 +279,7 @@ class Config:
     upstream: Callable[[Target], str | None] | None = None
     limits: Mapping[str, Limit] | None = None
     tracing: bool = True
+    keep: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         _check_int("workers", self.workers, 1)
@@ -299,6 +304,8 @@ class Config:
             _check_limits(self.limits)
         if not isinstance(self.tracing, bool):
             raise TypeError(f"Config.tracing must be a bool, not {type(self.tracing).__name__}")
+        if self.keep is not None:
+            _check_keep(self.keep)
         if self.resume is not None and not callable(self.resume):
             raise TypeError(
                 f"Config.resume must be callable or None, not {type(self.resume).__name__}"
@@ -334,6 +341,18 @@ def _check_weights(weights: object, fair: str) -> None:
             raise TypeError(f"Config.weights keys are caller ids (non-empty str), not {key!r}")
         if not isinstance(turns, int) or isinstance(turns, bool) or turns < 1:
             raise ValueError(f"Config.weights[{key!r}] must be an int >= 1, not {turns!r}")
+
+
+def _check_keep(keep: object) -> None:
+    if not isinstance(keep, Mapping):
+        raise TypeError(f"Config.keep must be a mapping, not {type(keep).__name__}")
+    for status, seconds in keep.items():
+        if status not in TERMINAL_JOB:
+            raise ValueError(
+                f"Config.keep keys are the statuses of ended jobs"
+                f" ({', '.join(TERMINAL_JOB)}), not {status!r}"
+            )
+        _check_seconds(f"keep[{status!r}]", seconds)
 
 
 def _check_seconds(name: str, value: object) -> None:

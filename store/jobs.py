@@ -252,6 +252,33 @@ def evict_past(conn: Tx, max_bytes: int, total: int) -> tuple[list[str], int]:
     return evicted, total - left
 
 
+#: The most jobs one transaction of :func:`prune` deletes: a prune of a
+#: million jobs is many short transactions, none holding much for long.
+PRUNE_BATCH = 500
+
+
+def prune(conn: Tx, status: JobStatus, older_than: float, limit: int) -> int:
+    """Delete at most ``limit`` jobs that ended ``status`` (their last change)
+    more than ``older_than`` seconds ago (by ``conn.now``), those that ended
+    first first, with their targets;
+    their bytes leave the total. A job another transaction holds is passed
+    over. Returns how many were deleted."""
+    rows = conn.execute(
+        "SELECT id, nbytes FROM jobs WHERE status = ? AND updated_at < ?"
+        f" ORDER BY updated_at LIMIT ?{conn.locking(skip=True)}",
+        (status, conn.now - older_than, limit),
+    ).fetchall()
+    if not rows:
+        return 0
+    ids = [job_id for job_id, _ in rows]
+    where, args = in_list("job_id", ids)
+    conn.execute(f"DELETE FROM targets WHERE {where}", args)
+    where, args = in_list("id", ids)
+    conn.execute(f"DELETE FROM jobs WHERE {where}", args)
+    add_bytes(conn, -sum(nbytes for _, nbytes in rows))
+    return len(rows)
+
+
 def get_job(conn: Tx, job_id: str, owner: str) -> JobRow | None:
     """The job with its targets, or None if there is none of this owner's."""
     row = conn.execute(

@@ -535,6 +535,7 @@ UPGRADES: tuple[tuple[str, ...], ...] = (
     MIGRATIONS[12],
     MIGRATIONS[13],
     MIGRATIONS[14],
+    MIGRATIONS[15],
 )
 assert SCHEMA_VERSION + len(UPGRADES) == VERSION
 

@@ -419,6 +419,15 @@ _PAUSES = (
     """,
 )
 
+_JOBS_ENDED = (
+    # Retention by status and age (``Store.prune``): the jobs of a status
+    # that ended longest ago first, without a scan; no live job in it.
+    """
+    CREATE INDEX jobs_ended ON jobs (status, updated_at)
+    WHERE status IN ('done', 'failed', 'partial', 'cancelled')
+    """,
+)
+
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _JOBS,
     _RUNS,
@@ -435,5 +444,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _JOB_TRACES,
     _JOB_KEYS,
     _PAUSES,
+    _JOBS_ENDED,
 )
 VERSION = len(MIGRATIONS)

@@ -3,6 +3,7 @@ transaction, handed to the module that owns the operation."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -47,7 +48,7 @@ from .shapes import (
     UpstreamWant,
 )
 from .sqlite import SQLiteDatabase
-from .states import JobStatus, RunState, TargetState
+from .states import TERMINAL_JOB, JobStatus, RunState, TargetState
 
 __all__ = ["Store", "open"]
 
@@ -347,6 +348,38 @@ class Store:
     def evict(self, max_bytes: int) -> list[str]:
         """Evict terminal jobs, least recently touched first, down to ``max_bytes``."""
         return self._db.write(lambda tx: jobs.evict(tx, max_bytes), fenced=True)
+
+    def prune(
+        self,
+        older_than: float,
+        statuses: Iterable[str] | None = None,
+        *,
+        limit: int | None = None,
+    ) -> int:
+        """Delete the jobs that ended (in one of ``statuses``; None: any
+        terminal status) more than ``older_than`` seconds ago, by the
+        store's clock, with their targets: those that ended first first, at
+        most ``limit`` of them (None: every one). In transactions of at most
+        ``jobs.PRUNE_BATCH`` jobs, each short, beside any writer: a live job
+        is never pruned, and a job another transaction holds is passed
+        over. Returns how many were deleted. ``TypeError``/``ValueError``
+        for a bad age, status or limit."""
+        wanted = _ended_statuses(statuses)
+        age = _seconds("older_than", older_than)
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
+            raise TypeError(f"limit is an int or None, not {type(limit).__name__}")
+        pruned = 0
+        for status in wanted:
+            while limit is None or pruned < limit:
+                batch = jobs.PRUNE_BATCH if limit is None else min(jobs.PRUNE_BATCH, limit - pruned)
+                got = self._db.write(
+                    functools.partial(jobs.prune, status=status, older_than=age, limit=batch),
+                    fenced=True,
+                )
+                pruned += got
+                if got < batch:
+                    break
+        return pruned
 
     def interrupt_job(
         self, job_id: str, hint: str, lease: Lease | None = None
@@ -673,6 +706,31 @@ def open(
     if not readonly:
         db._wake("open")
     return db
+
+
+def _ended_statuses(statuses: Iterable[str] | None) -> list[JobStatus]:
+    """The terminal statuses given (None: all), checked, each once."""
+    if statuses is None:
+        return list(TERMINAL_JOB)
+    if isinstance(statuses, str) or not isinstance(statuses, Iterable):
+        raise TypeError(f"statuses are a list of job statuses, not {type(statuses).__name__}")
+    wanted = list(dict.fromkeys(statuses))
+    for status in wanted:
+        if status not in TERMINAL_JOB:
+            raise ValueError(
+                f"only jobs that ended are pruned: {status!r} is not one of"
+                f" {', '.join(TERMINAL_JOB)}"
+            )
+    return [JobStatus(status) for status in wanted]
+
+
+def _seconds(name: str, value: object) -> float:
+    """``value``, checked: a finite number of seconds, at least 0."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"{name} is a number of seconds, not {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} is a finite number of seconds >= 0, not {value}")
+    return float(value)
 
 
 def _paused_names(caller: str | None, upstream: str | None) -> list[tuple[str, str]]:

@@ -479,6 +479,18 @@ def test_pause_and_unpause_are_stored_and_shown(history: tuple[Path, list[str]])
     assert cli("pause", "--caller", "", "--db", path).returncode == 2
 
 
+def test_prune_deletes_what_ended_of_the_statuses_given(history: tuple[Path, list[str]]) -> None:
+    path, ids = history
+    kept = cli("prune", "--older-than", "3600", "--db", path, "--json")
+    assert (kept.returncode, json.loads(kept.stdout)) == (0, {"pruned": 0}), kept
+    done = cli("prune", "--older-than", "0", "--status", "partial", "--db", path)
+    assert (done.returncode, done.stdout) == (0, "pruned 1 job(s)\n"), done
+    with store.open(path) as db:
+        assert [j.id for j in db.list_jobs()] == ids[:-1]
+    assert cli("prune", "--older-than", "0", "--status", "queued", "--db", path).returncode == 2
+    assert cli("prune", "--db", path).returncode == 2
+
+
 def test_views_read_a_store_nobody_may_write(history: tuple[Path, list[str]]) -> None:
     path, ids = history
     with frozen(path.parent, path):

@@ -73,7 +73,7 @@ from store.console import (
 from .. import web
 from ..errors import InvalidJob, JobNotFound
 from ..model import Config, Limit, Target
-from ..states import LIVE_JOB, JobStatus, TargetState
+from ..states import LIVE_JOB, TERMINAL_JOB, JobStatus, TargetState
 from . import demo
 from .progress import SHORT_ID, JobCaller, LiveRun, summary
 
@@ -353,6 +353,13 @@ def _status(args: argparse.Namespace) -> Output:
         job = _summary(_find(db, args.job))
         paused = db.paused()
     return _job_output(job, paused)
+
+
+def _prune(args: argparse.Namespace) -> Output:
+    """Delete the jobs that ended longer ago than --older-than (of --status)."""
+    with store.open(args.db) as db:
+        pruned = db.prune(args.older_than, args.status)
+    return Output({"pruned": pruned}, f"pruned {pruned} job(s)")
 
 
 def _pause(args: argparse.Namespace) -> Output:
@@ -662,6 +669,16 @@ def build_parser(prog: str = "python -m batch") -> Parser:
         p.add_argument("job", metavar="JOB", help="a job id, or a unique prefix of one")
 
     add("upstreams", _upstreams, parents=[as_json])
+    p = add("prune", _prune, parents=[as_json])
+    p.add_argument(
+        "--older-than", type=seconds, required=True, metavar="S", help="ended over S seconds ago"
+    )
+    p.add_argument(
+        "--status",
+        action="append",
+        choices=tuple(TERMINAL_JOB),
+        help="only jobs that ended so (again for more; default: any)",
+    )
     for name, handler in (("pause", _pause), ("unpause", _unpause)):
         p = add(name, handler, parents=[as_json])
         p.add_argument("--caller", type=_text, help="this caller's jobs")
