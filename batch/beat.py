@@ -6,6 +6,7 @@ a new runner, once, before its first job."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -63,6 +64,7 @@ def beat(s: State[C], resume: Resume) -> bool:
     # Until the jobs taken are adopted: a cancel meanwhile is noted there.
     s.cancelled_in_beat = set()
     pause_changes = s.pause_changes
+    s.due_soon = math.inf
     trouble = s.trouble("the beat")
     try:
         try:
@@ -72,8 +74,12 @@ def beat(s: State[C], resume: Resume) -> bool:
                 )
         except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
             trouble.failed("cannot renew the leases of runner %s; trying again", s.id)
+            # No due time is known until a beat reads it again: the keeper
+            # tries again at its own pace.
+            s.due_at = math.inf
             return False
         trouble.ok()
+        s.due_at = min(math.inf if got.due is None else started + got.due, s.due_soon)
         if s.closed:
             return True  # what it took is released when the runner retires
         s.valid_until = started + lapse

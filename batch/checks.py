@@ -7,6 +7,8 @@ import math
 from collections.abc import Iterable
 from itertools import islice
 
+import store
+
 from .clock import Clock
 from .errors import InvalidJob, JobNotFound
 from .model import Target
@@ -17,6 +19,7 @@ __all__ = [
     "idempotency_key",
     "job_id",
     "job_name",
+    "later",
     "stored_id",
     "targets",
 ]
@@ -46,6 +49,9 @@ def targets(given: object, most: int) -> list[Target]:
 #: The longest name a job may have, in characters.
 MAX_NAME = 200
 
+#: The most jobs one job may wait after.
+MAX_AFTER = 1000
+
 
 def job_name(name: object) -> str | None:
     """A job's name, checked: None, or printable text of at most
@@ -72,10 +78,10 @@ def _label(value: object, what: str) -> str | None:
     return value
 
 
-def job_id(value: object) -> str:
-    """A job id, checked: a str."""
+def job_id(value: object, error: type[Exception] = TypeError) -> str:
+    """A job id, checked: a str (else ``error``)."""
     if not isinstance(value, str):
-        raise TypeError(f"a job id is a str, not {type(value).__name__}")
+        raise error(f"a job id is a str, not {type(value).__name__}")
     return value
 
 
@@ -87,6 +93,32 @@ def stored_id(value: object) -> str:
         # lone surrogate).
         raise JobNotFound(f"no job {checked!r}")
     return checked
+
+
+def later(not_before: object, after: object, after_ok: object) -> store.Later | None:
+    """When a job may start, checked (None: at once): ``not_before`` an
+    epoch time or None, ``after`` job ids (each once) or None, ``after_ok``
+    a bool that needs ``after``. ``InvalidJob`` otherwise."""
+    if not isinstance(after_ok, bool):
+        raise InvalidJob(f"after_ok is a bool, not {type(after_ok).__name__}")
+    if not_before is not None and (
+        not isinstance(not_before, int | float)
+        or isinstance(not_before, bool)
+        or not math.isfinite(not_before)
+    ):
+        raise InvalidJob(f"not_before is an epoch time (seconds) or None, not {not_before!r}")
+    ids: tuple[str, ...] = ()
+    if after is not None:
+        if isinstance(after, str) or not isinstance(after, Iterable):
+            raise InvalidJob(f"after is a list of job ids, not {type(after).__name__}")
+        ids = tuple(dict.fromkeys(job_id(value, InvalidJob) for value in after))
+        if len(ids) > MAX_AFTER:
+            raise InvalidJob(f"a job waits after at most {MAX_AFTER} jobs, not {len(ids)}")
+    if after_ok and not ids:
+        raise InvalidJob("after_ok=True needs the jobs to wait after (after=[...])")
+    if not_before is None and not ids:
+        return None
+    return store.Later(float(not_before or 0.0), ids, after_ok)
 
 
 def deadline(timeout: object, clock: Clock) -> float:

@@ -63,7 +63,7 @@ def keep(s: State[C], resume: Resume) -> None:
             elif paces is not None and (paces.fresh or now >= next_sync):
                 shared = _sync_upstreams(s, shared)
                 next_sync = s.clock.monotonic() + PACE_SYNC
-            elif now >= next_beat or s.want_room:
+            elif now >= next_beat or s.want_room or now >= s.due_at:
                 # A beat the store refused is tried again soon: the gap a
                 # stall leaves must be seen by the first beat after it.
                 again = interval if beat(s, resume) else min(interval, RETRY_BEAT)
@@ -74,7 +74,7 @@ def keep(s: State[C], resume: Resume) -> None:
             elif keep and now >= next_prune:
                 next_prune = s.clock.monotonic() + (0.0 if _prune(s, keep) else PRUNE_EVERY)
             else:
-                due = [next_beat] + ([next_poll] if len(s.rotation) else [])
+                due = [next_beat, s.due_at] + ([next_poll] if len(s.rotation) else [])
                 if keep:
                     due.append(next_prune)
                 if paces is not None:

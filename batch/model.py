@@ -163,6 +163,11 @@ class Job:
     name: str | None = None
     #: Its idempotency key (``submit(..., idempotency_key=...)``), if any.
     key: str | None = None
+    #: The time before which it may not start (``submit(..., not_before=...)``), if any.
+    not_before: float | None = None
+    #: Why it ended as it did when no target says: the job it waited after
+    #: (``after_ok``) that did not end done.
+    reason: str | None = None
 
     @property
     def terminal(self) -> bool:

@@ -17,7 +17,7 @@ import store
 from . import beat, checks, tracing, waits
 from .clock import SYSTEM, Clock
 from .context import Context
-from .errors import InvalidJob, JobNotFound, RunnerClosed, store_failed
+from .errors import InvalidJob, JobNotFound, RunnerClosed, StoreFailed, store_failed
 from .hooks import Hooks
 from .model import (
     CallerLike,
@@ -130,6 +130,9 @@ class Runner(Generic[C]):
         *,
         name: str | None = None,
         idempotency_key: str | None = None,
+        not_before: float | None = None,
+        after: Iterable[str] | None = None,
+        after_ok: bool = False,
     ) -> str:
         """Store a new job for ``caller`` and put it last in the rotation;
         return its id. ``name`` is what people see it as in listings (a
@@ -145,12 +148,23 @@ class Runner(Generic[C]):
         runner or process, its id is returned and nothing is stored,
         whatever its state and whatever its targets (a key reused with
         other targets still gives the first job, unchanged). Two submits
-        with one key racing anywhere make one job."""
+        with one key racing anywhere make one job.
+
+        ``not_before`` (epoch seconds, by the store's clock) and ``after``
+        (ids of ``caller``'s jobs): the job stays ``queued``, held by no
+        runner, until that time came and those jobs all ended; then any
+        runner with room takes it (this one keeps the caller for it), at
+        its time when it waits on one. With ``after_ok``, it runs only if
+        they all ended ``done``; else it ends ``cancelled``, and
+        ``Job.reason`` says why. ``InvalidJob`` for an id of no job of
+        ``caller``'s (a job can only wait after jobs that exist, so no
+        cycle can be made)."""
         return self._submit(
             caller,
             [checks.targets(targets, self._s.config.max_targets)],
             [checks.job_name(name)],
             [checks.idempotency_key(idempotency_key)],
+            checks.later(not_before, after, after_ok),
         )[0]
 
     def submit_many(
@@ -160,6 +174,9 @@ class Runner(Generic[C]):
         *,
         names: Iterable[str | None] | None = None,
         idempotency_keys: Iterable[str | None] | None = None,
+        not_before: float | None = None,
+        after: Iterable[str] | None = None,
+        after_ok: bool = False,
     ) -> list[str]:
         """Store a job for ``caller`` for each target list of ``jobs`` (named
         by ``names``, with the idempotency key of ``idempotency_keys``, one
@@ -168,7 +185,8 @@ class Runner(Generic[C]):
         :meth:`submit` for each (a job whose key was used, before or
         earlier in this call, gives that job's id), but a bad list raises
         ``InvalidJob`` naming its index, and then nothing is stored. No
-        list: nothing is stored, and ``[]`` returned."""
+        list: nothing is stored, and ``[]`` returned. ``not_before``,
+        ``after`` and ``after_ok`` hold for every job of the call."""
         if isinstance(jobs, str | bytes) or not isinstance(jobs, Iterable):
             raise InvalidJob(f"jobs must be a list of target lists, not {type(jobs).__name__}")
         checked: list[list[Target]] = []
@@ -182,12 +200,19 @@ class Runner(Generic[C]):
             checked,
             _each(names, len(checked), "names", checks.job_name),
             _each(idempotency_keys, len(checked), "idempotency keys", checks.idempotency_key),
+            checks.later(not_before, after, after_ok),
         )
 
     def _submit(
-        self, caller: C, jobs: list[list[Target]], names: list[str | None], keys: list[str | None]
+        self,
+        caller: C,
+        jobs: list[list[Target]],
+        names: list[str | None],
+        keys: list[str | None],
+        later: store.Later | None,
     ) -> list[str]:
-        """Store these checked jobs and let them join (see :meth:`submit_many`)."""
+        """Store these checked jobs and let them join, or wait ``later``
+        (see :meth:`submit_many`)."""
         s = self._s
         owner = caller_id(caller)
         ids = [uuid.uuid4().hex for _ in jobs]
@@ -200,7 +225,7 @@ class Runner(Generic[C]):
             # Room is decided under the lock and kept for these jobs until
             # they join (reserved); jobs with none wait, their caller kept.
             free = s.room()
-            room = len(jobs) if free is None else min(free, len(jobs))
+            room = 0 if later is not None else len(jobs) if free is None else min(free, len(jobs))
             s.reserved += room if bounded else 0
             if room < len(jobs):
                 held = s.waiting.get(owner)
@@ -227,16 +252,18 @@ class Runner(Generic[C]):
                     names=names,
                     traces=None if trace is None else [trace] * len(jobs),
                     keys=None if keys.count(None) == len(keys) else keys,
+                    later=later,
                 )
+        except StoreFailed as e:
+            self._unsubmit(owner, ids[:room], len(jobs) - room)
+            if isinstance(e.__cause__, store.NotFound):
+                raise InvalidJob(str(e.__cause__)) from None
+            raise
         except BaseException:
             # The jobs may be stored all the same (the answer to the commit was
             # lost): then the next beat finds them leased to this runner
             # and not in its rotation, and takes them up (beat._take_up).
-            with s.lock:
-                s.adding.difference_update(ids[:room])
-                s.reserved -= room if bounded else 0
-                if room < len(jobs):
-                    s.unwait(owner, len(jobs) - room)
+            self._unsubmit(owner, ids[:room], len(jobs) - room)
             raise
         # A job whose key was used already was not stored: it neither joins
         # nor waits.
@@ -244,6 +271,8 @@ class Runner(Generic[C]):
         started = s.clock.monotonic()
         lease = store.Lease(s.id, 1)
         with s.lock:
+            if later is not None and later.not_before and any(made):
+                s.due(later.not_before)
             s.adding.difference_update(ids[:room])
             s.reserved -= room if bounded else 0
             if not all(made[room:]):
@@ -256,6 +285,16 @@ class Runner(Generic[C]):
             if joining:
                 s.add(joining)
         return stored
+
+    def _unsubmit(self, owner: str, joining: list[str], waiting: int) -> None:
+        """Jobs of a submit that raised: neither the room kept for those
+        ``joining`` nor the caller kept for the ``waiting`` is theirs."""
+        s = self._s
+        with s.lock:
+            s.adding.difference_update(joining)
+            s.reserved -= len(joining) if s.config.max_live is not None else 0
+            if waiting:
+                s.unwait(owner, waiting)
 
     def status(self, caller: C, job_id: str) -> Job:
         """The job as stored, whichever runner holds it; ``running`` at once
@@ -280,6 +319,8 @@ class Runner(Generic[C]):
             updated_at=row.updated_at,
             targets=stored_targets(row.targets),
             key=row.key,
+            not_before=row.not_before,
+            reason=row.reason,
         )
 
     def touch(self, caller: C, job_id: str) -> None:
@@ -414,7 +455,8 @@ class Runner(Generic[C]):
         ``breaker`` open, at its ``concurrency`` or ``rate``, or waiting
         for its ``share`` of the store's limits; with ``upstream``,
         ``held_until``, ``inflight``, ``concurrency``, ``rate``,
-        ``breaker``); ``stopping`` (cancelled, its target in flight
+        ``breaker``); ``later`` (it waits for its ``not_before``, or for
+        ``waits_after`` jobs it waits after to end); ``stopping`` (cancelled, its target in flight
         finishing); ``paused`` (its ``caller``, or the ``upstream`` of its
         next target, is paused: :meth:`pause`); ``elsewhere`` (another
         runner, or none yet, holds it).
@@ -426,9 +468,14 @@ class Runner(Generic[C]):
         s = self._s
         with s.lock:
             live = s.rotation.get(job.id)
-            if live is None:
-                return {**out, "state": "elsewhere"}
-            return {**out, **s.rotation.explain(live, s.clock.monotonic())}
+            if live is not None:
+                return {**out, **s.rotation.explain(live, s.clock.monotonic())}
+        with store_failed():
+            row = s.store.find_job(job.id)
+        if row is not None and row.deferred:
+            waits = {"waits_after": row.waits} if row.waits else {}
+            return {**out, "state": "later", "not_before": row.not_before, **waits}
+        return {**out, "state": "elsewhere"}
 
     def upstreams(self) -> list[UpstreamState]:
         """Each upstream this runner has paced (``Config.upstream``), by

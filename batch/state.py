@@ -7,8 +7,10 @@ works on one ``State``; this is where the rule of its lock is written.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -174,6 +176,11 @@ class State(Generic[C]):
         # may predate the change).
         self.pauses: frozenset[tuple[str, str]] = frozenset()
         self.pause_changes = 0
+        # When the next deferred job is due (monotonic; inf: none known), as
+        # the last beat read it or sooner by a submit (``due``); and the
+        # soonest a submit said since the beat under way began.
+        self.due_at = math.inf
+        self.due_soon = math.inf
         # By kind of store call, its failures in a row (see batch.trouble).
         self.troubles: dict[str, Trouble] = {}
         self.valid_until = clock.monotonic() + config.takeover_after
@@ -256,7 +263,9 @@ class State(Generic[C]):
         if left:
             call_hook(self.hooks.depth, len(self.rotation))
             self.changed(job.id)
-            if self.config.max_live is not None and not self.closed:
+            # Room freed, or a job ended that jobs stored waiting may wait
+            # after (``submit(after=...)``): a beat takes what may go now.
+            if (self.config.max_live is not None or self.waiting) and not self.closed:
                 self.want_room = True
                 self.chores.notify()
         elif job.retry_at:
@@ -309,6 +318,15 @@ class State(Generic[C]):
         self.pauses = pauses
         if self.rotation.pause(pauses):
             self.wake_worker()
+
+    def due(self, not_before: float) -> None:
+        """A job this runner submitted is due at ``not_before`` (epoch
+        seconds): the keeper beats then, to release and take it."""
+        at = self.clock.monotonic() + max(0.0, not_before - time.time())
+        self.due_soon = min(self.due_soon, at)
+        if at < self.due_at:
+            self.due_at = at
+            self.chores.notify()
 
     def room(self) -> int | None:
         """How many more jobs may join the rotation (None: no limit)."""

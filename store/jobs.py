@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from .db import Tx, in_list
+from .errors import NotFound
 from .fence import fenced, lease_args
-from .shapes import JobRow, JobSummary, Lease, TargetRow
+from .shapes import JobRow, JobSummary, Later, Lease, TargetRow
 from .states import (
     JOB_STATUSES,
     LIVE_JOB,
@@ -76,6 +77,7 @@ def create_jobs(
     names: Sequence[str | None] | None = None,
     traces: Sequence[str | None] | None = None,
     keys: Sequence[str | None] | None = None,
+    later: Later | None = None,
 ) -> list[str]:
     """Store the rows of new jobs of ``owner`` (each an id and its refs, and
     its name in ``names``, its trace context in ``traces``, its idempotency
@@ -86,6 +88,11 @@ def create_jobs(
     targets, ``pending``, are the engine's to insert
     (``Database.insert_targets``), each its fastest way.
 
+    Given ``later``, every one of them is deferred (none leased): no
+    runner takes it before ``later.not_before``, nor before the jobs of
+    ``owner`` it names in ``later.after`` all ended (``NotFound`` for one
+    there is not, and nothing is stored).
+
     Returns the id each job has in the store: its own, or, if ``owner``
     has a job with its key already (stored before, or earlier in
     ``jobs``), that job's, and then nothing of it is stored. The unique
@@ -93,12 +100,21 @@ def create_jobs(
     PostgreSQL the second insert waits for the first to end, then finds
     its row."""
     held = (
-        0 if runner_id is None or lease_until is None else len(jobs) if leased is None else leased
+        0
+        if runner_id is None or lease_until is None or later is not None
+        else len(jobs)
+        if leased is None
+        else leased
+    )
+    waits = 0 if later is None else _waits(conn, owner, later.after)
+    deferred = (
+        (0, None, 0, 0) if later is None else (1, later.not_before, waits, int(later.after_ok))
     )
     conn.executemany(
         "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, runner_id,"
-        " lease_owner, lease_token, lease_until, ntargets, name, trace, idempotency_key)"
-        f" VALUES (?, ?, '{JobStatus.QUEUED}', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " lease_owner, lease_token, lease_until, ntargets, name, trace, idempotency_key,"
+        " deferred, not_before, waits, after_ok)"
+        f" VALUES (?, ?, '{JobStatus.QUEUED}', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         " ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING",
         [
             (
@@ -113,12 +129,20 @@ def create_jobs(
                 names and names[k],
                 traces and traces[k],
                 keys and keys[k],
+                *deferred,
             )
             for k, (job_id, refs) in enumerate(jobs)
             for lease in [(runner_id, 1, lease_until) if k < held else (None, 0, None)]
         ],
     )
     ids = [job_id for job_id, _ in jobs]
+    if later is not None and later.after:
+        # Every job of the call waits after them; one whose key was used
+        # already is not there, and takes none.
+        conn.executemany(
+            "INSERT INTO job_after (job_id, after_id) SELECT id, ? FROM jobs WHERE id = ?",
+            [(after_id, job_id) for job_id in ids for after_id in later.after],
+        )
     given = sorted({key for key in keys or () if key is not None})
     if not given:
         return ids
@@ -133,6 +157,27 @@ def create_jobs(
         )
     assert keys is not None
     return [job_id if key is None else found[key] for job_id, key in zip(ids, keys, strict=True)]
+
+
+def _waits(conn: Tx, owner: str, after: Sequence[str]) -> int:
+    """How many of the jobs ``after`` (of ``owner``) have not ended;
+    ``NotFound`` naming one there is not. Their rows stay locked until the
+    transaction ends: one that ends meanwhile does so after the new jobs'
+    rows are there to be counted down by its end (``later``)."""
+    status: dict[str, str] = {}
+    for start in range(0, len(after), 500):
+        where, args = in_list("id", sorted(after)[start : start + 500])
+        status.update(
+            conn.execute(
+                f"SELECT id, status FROM jobs WHERE owner = ? AND {where}"
+                f" ORDER BY id{conn.locking()}",
+                (owner, *args),
+            )
+        )
+    missing = [job_id for job_id in after if job_id not in status]
+    if missing:
+        raise NotFound(f"no job {missing[0]!r} to wait after")
+    return sum(status[job_id] in LIVE_JOB for job_id in after)
 
 
 def insert_targets(conn: Tx, jobs: Sequence[tuple[str, Sequence[str]]]) -> None:
@@ -310,14 +355,15 @@ def list_jobs(
     row read per job."""
     sql = (
         "SELECT id, owner, status, created_at, updated_at, nbytes, ndone, nfailed,"
-        " ntargets - ndone - nfailed, name, idempotency_key FROM jobs"
+        " ntargets - ndone - nfailed, name, idempotency_key, not_before, deferred, waits, reason"
+        " FROM jobs"
         " WHERE (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR status = ?2)"
     )
     if ids is None and newest is not None:
         last = conn.execute(sql + " ORDER BY seq DESC LIMIT ?3", (owner, status, newest))
-        return [_summary(*row) for row in reversed(last.fetchall())]
+        return [_summary(row) for row in reversed(last.fetchall())]
     if ids is None:
-        return [_summary(*row) for row in conn.execute(sql + " ORDER BY seq", (owner, status))]
+        return [_summary(row) for row in conn.execute(sql + " ORDER BY seq", (owner, status))]
     rows: list[Any] = []
     for start in range(0, len(ids), 500):
         chunk = ids[start : start + 500]
@@ -326,17 +372,36 @@ def list_jobs(
             sql.replace("SELECT id,", "SELECT seq, id,") + f" AND id IN ({marks})",
             (owner, status, *chunk),
         ).fetchall()
-    return [_summary(*row[1:]) for row in sorted(rows)]
+    return [_summary(row[1:]) for row in sorted(rows)]
 
 
-def _summary(job_id: str, owner: str, status: str, *rest: Any) -> JobSummary:
-    return JobSummary(job_id, owner, JOB_STATUSES[status], *rest)
+def _summary(row: Sequence[Any]) -> JobSummary:
+    """A row of :func:`list_jobs`, in its columns' order."""
+    job_id, owner, status, created, updated, nbytes, done, failed, pending, *rest = row
+    name, key, not_before, deferred, waits, reason = rest
+    return JobSummary(
+        job_id,
+        owner,
+        JOB_STATUSES[status],
+        created,
+        updated,
+        nbytes,
+        done,
+        failed,
+        pending,
+        name=name,
+        key=key,
+        not_before=not_before or None,
+        deferred=bool(deferred),
+        waits=waits,
+        reason=reason,
+    )
 
 
 #: The columns of ``jobs`` a :class:`JobRow` is made of, in its order.
 JOB_COLUMNS = (
     "id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id, name, trace,"
-    " idempotency_key"
+    " idempotency_key, not_before, deferred, waits, reason"
 )
 
 
@@ -423,8 +488,9 @@ def _with_targets(conn: Tx, row: Any) -> JobRow:
 
 
 def _job(row: Any, targets: tuple[TargetRow, ...]) -> JobRow:
-    # The columns after nbytes (runner_id, name, trace, key) are JobRow's last.
+    # The columns after nbytes are JobRow's last, in its order.
     job_id, owner, status, created_at, updated_at, touched_at, nbytes, *rest = row
+    runner_id, name, trace, key, not_before, deferred, waits, reason = rest
     return JobRow(
         job_id,
         owner,
@@ -434,7 +500,14 @@ def _job(row: Any, targets: tuple[TargetRow, ...]) -> JobRow:
         touched_at,
         nbytes,
         targets,
-        *rest,
+        runner_id,
+        name,
+        trace,
+        key,
+        not_before or None,
+        bool(deferred),
+        waits,
+        reason,
     )
 
 

@@ -57,7 +57,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from .db import EVENT, RESYNC, TOLD, Cursor, Database, Tx, check_not_newer, check_readable
+from .db import EVENT, RESYNC, TOLD, WORK, Cursor, Database, Tx, check_not_newer, check_readable
 from .errors import Conflict, StoreError
 from .outcomes import SERVER_FUNCTION, record_on_server
 from .runs import QUEUE_FUNCTION, queue_on_server
@@ -534,8 +534,56 @@ UPGRADES: tuple[tuple[str, ...], ...] = (
     _JOB_COUNTS_BY_STATUS,
     MIGRATIONS[12],
     MIGRATIONS[13],
-    MIGRATIONS[14],
+    (
+        """
+        CREATE TABLE paused (
+            kind  TEXT NOT NULL CHECK (kind IN ('caller', 'upstream')),
+            name  TEXT COLLATE "C" NOT NULL,
+            since DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (kind, name)
+        )
+        """,
+    ),
     MIGRATIONS[15],
+    (
+        "ALTER TABLE jobs ADD COLUMN deferred INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN not_before DOUBLE PRECISION",
+        "ALTER TABLE jobs ADD COLUMN waits INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN after_ok INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN reason TEXT",
+        """
+        CREATE TABLE job_after (
+            job_id   TEXT COLLATE "C" NOT NULL,
+            after_id TEXT COLLATE "C" NOT NULL,
+            PRIMARY KEY (job_id, after_id)
+        )
+        """,
+        *MIGRATIONS[16][6:12],
+        # A job that waited on others is free to go once they ended: the
+        # runners are told (as of jobs waiting for room), and beat.
+        f"""
+        CREATE FUNCTION store_job_after_ended() RETURNS trigger LANGUAGE plpgsql AS $$
+        DECLARE
+            freed BOOLEAN;
+        BEGIN
+            WITH counted AS (
+                UPDATE jobs SET waits = waits - 1
+                 WHERE id IN (SELECT job_id FROM job_after WHERE after_id = NEW.id)
+                RETURNING waits
+            )
+            SELECT bool_or(waits = 0) INTO freed FROM counted;
+            IF freed THEN
+                PERFORM pg_notify('{CHANNEL}', '{WORK}');
+            END IF;
+            RETURN NULL;
+        END $$
+        """,
+        """
+        CREATE TRIGGER job_after_ended AFTER UPDATE OF status ON jobs FOR EACH ROW
+        WHEN (OLD.status IN ('queued', 'running') AND NEW.status NOT IN ('queued', 'running'))
+        EXECUTE FUNCTION store_job_after_ended()
+        """,
+    ),
 )
 assert SCHEMA_VERSION + len(UPGRADES) == VERSION
 

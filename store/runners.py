@@ -33,7 +33,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from . import events, jobs, pauses
+from . import events, jobs, later, pauses
 from .db import Tx, in_list
 from .jobs import NO_LIMIT
 from .shapes import Beat, JobRow
@@ -81,8 +81,9 @@ def beat(
     keep: Sequence[str] = (),
 ) -> Beat:
     """One beat of ``runner_id``: give back to every lease the time the store
-    could not be written, renew the runner's leases for ``lapse`` seconds,
-    and take jobs.
+    could not be written, release the deferred jobs that are due
+    (``later``), renew the runner's leases for ``lapse`` seconds, and take
+    jobs.
 
     It takes, in submit order, live jobs no live runner holds: at most
     ``room`` (None: no limit) of those it can run (any, if ``foreign``: it
@@ -99,6 +100,7 @@ def beat(
     if clock:
         # The beat that keeps the clock does the store's chores for all.
         events.prune(conn, now - events.KEPT)
+    later.release(conn, now)
     held: dict[str, int] = {}
     ended: set[str] = set()
     # The one renewal statement: every lease of the runner, live or not; a
@@ -157,7 +159,11 @@ def beat(
             orphans += _ids(conn, f"{free} AND {gone}", (*free_args, *gone_args), ORPHANS_PER_BEAT)
         ids += [job_id for _, job_id in sorted(orphans)[:ORPHANS_PER_BEAT]]
     return Beat(
-        held, frozenset(ended), _lease(conn, runner_id, ids, now + lapse), pauses.read(conn)
+        held,
+        frozenset(ended),
+        _lease(conn, runner_id, ids, now + lapse),
+        pauses.read(conn),
+        later.next_due(conn, now),
     )
 
 
@@ -225,7 +231,7 @@ def _ids(conn: Tx, where: str, args: tuple[object, ...], limit: int) -> list[tup
     return [
         (seq, job_id)
         for seq, job_id in conn.execute(
-            f"SELECT seq, id FROM jobs WHERE status IN {LIVE_SQL} AND {where}"
+            f"SELECT seq, id FROM jobs WHERE status IN {LIVE_SQL} AND deferred = 0 AND {where}"
             f" ORDER BY seq LIMIT ?{conn.locking(skip=True)}",
             (*args, limit),
         )

@@ -428,6 +428,49 @@ _JOBS_ENDED = (
     """,
 )
 
+_LATER = (
+    # A job that starts later (``submit(not_before=..., after=[...])``) is
+    # stored deferred: no runner takes it until its time came (not_before,
+    # by the store's clock; 0 for none) and every job it waits after ended
+    # (waits: how many have not; a trigger counts them down). With
+    # after_ok, it runs only if they all ended done; else it ends
+    # cancelled, its reason said.
+    "ALTER TABLE jobs ADD COLUMN deferred INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN not_before REAL",
+    "ALTER TABLE jobs ADD COLUMN waits INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN after_ok INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN reason TEXT",
+    """
+    CREATE TABLE job_after (
+        job_id   TEXT NOT NULL,
+        after_id TEXT NOT NULL,
+        PRIMARY KEY (job_id, after_id)
+    ) WITHOUT ROWID
+    """,
+    "CREATE INDEX job_after_by ON job_after (after_id)",
+    # The deferred jobs free to go, soonest first.
+    "CREATE INDEX jobs_due ON jobs (not_before) WHERE deferred = 1 AND waits = 0",
+    # What runners take leaves deferred jobs out, however many wait.
+    "DROP INDEX jobs_live",
+    """
+    CREATE INDEX jobs_live ON jobs (runner_id, seq)
+    WHERE status IN ('queued', 'running') AND deferred = 0
+    """,
+    "DROP INDEX jobs_waiting",
+    """
+    CREATE INDEX jobs_waiting ON jobs (seq)
+    WHERE status IN ('queued', 'running') AND deferred = 0
+    """,
+    """
+    CREATE TRIGGER job_after_ended AFTER UPDATE OF status ON jobs
+    WHEN old.status IN ('queued', 'running') AND new.status NOT IN ('queued', 'running')
+    BEGIN
+        UPDATE jobs SET waits = waits - 1
+         WHERE id IN (SELECT job_id FROM job_after WHERE after_id = new.id);
+    END
+    """,
+)
+
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _JOBS,
     _RUNS,
@@ -445,5 +488,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     _JOB_KEYS,
     _PAUSES,
     _JOBS_ENDED,
+    _LATER,
 )
 VERSION = len(MIGRATIONS)

@@ -106,6 +106,27 @@ class JobRow:
     trace: str | None = None
     #: The submitter's idempotency key, if it gave one.
     key: str | None = None
+    #: Before when (epoch seconds) it may not start, if it was given a time.
+    not_before: float | None = None
+    #: Whether it still waits for its time, or for jobs it waits after.
+    deferred: bool = False
+    #: How many of the jobs it waits after have not ended.
+    waits: int = 0
+    #: Why it ended as it did, when no target says (``after_ok`` unmet).
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Later:
+    """When new jobs may start (``Store.create_jobs(later=...)``): not
+    before ``not_before`` (epoch seconds by the store's clock; 0: at once),
+    and once the jobs ``after`` (ids, each once) all ended; with
+    ``after_ok``, only if they all ended ``done``: else each ends
+    ``cancelled`` with its ``reason``."""
+
+    not_before: float = 0.0
+    after: tuple[str, ...] = ()
+    after_ok: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +197,11 @@ class JobSummary:
     name: str | None = None
     #: The submitter's idempotency key, if it gave one.
     key: str | None = None
+    #: As in :class:`JobRow`.
+    not_before: float | None = None
+    deferred: bool = False
+    waits: int = 0
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +226,8 @@ class Beat:
     taken: list[tuple[JobRow, int]]
     #: What is paused on the store, as of the beat.
     paused: Paused = Paused()
+    #: Seconds until the next deferred job is due (None: none waits on a time).
+    due: float | None = None
 
 
 # -- the run scheduler -------------------------------------------------------------

@@ -15,6 +15,7 @@ from . import (
     events,
     gauges,
     jobs,
+    later,
     nodes,
     outcomes,
     pauses,
@@ -35,6 +36,7 @@ from .shapes import (
     Gauges,
     JobRow,
     JobSummary,
+    Later,
     Lease,
     NodeView,
     Paused,
@@ -180,13 +182,16 @@ class Store:
         names: Sequence[str | None] | None = None,
         traces: Sequence[str | None] | None = None,
         keys: Sequence[str | None] | None = None,
+        later: Later | None = None,
     ) -> list[str]:
         """Store the ``new`` jobs of ``owner`` (each its id and refs, named
         by ``names``, with the trace context of ``traces`` and the
         idempotency key of ``keys`` if given) in one transaction, in this
         order, as :meth:`create_job` does; given ``lease_for``, the first
         ``leased`` (None: all) are leased to the runner, the others wait
-        for any runner with room.
+        for any runner with room. Given ``later``, all are deferred until
+        it allows (``jobs.create_jobs``): ``NotFound`` for a job to wait
+        after that ``owner`` has not, and nothing is stored.
 
         Returns each job's id in the store: its own, or that of the job
         ``owner`` has with its key already (stored before, by any process,
@@ -205,10 +210,11 @@ class Store:
                 names=names,
                 traces=traces,
                 keys=keys,
+                later=later,
             )
             made = [job for job, got in zip(new, ids, strict=True) if got == job[0]]
             self._db.insert_targets(tx, made)
-            if until is None or (leased is not None and leased < len(new)):
+            if later is None and (until is None or (leased is not None and leased < len(new))):
                 self._db.notify(tx, WORK)
             return ids
 
@@ -416,6 +422,11 @@ class Store:
             ),
             fenced=True,
         )
+
+    def after_of(self, job_id: str) -> list[str]:
+        """The ids of the jobs ``job_id`` waits (or waited) after, in id
+        order; none for a job given no ``after``, or none there is."""
+        return self._db.read(lambda tx: later.after_of(tx, job_id))
 
     def pause(self, *, caller: str | None = None, upstream: str | None = None) -> None:
         """Pause the caller with id ``caller`` and the upstream ``upstream``

@@ -491,6 +491,29 @@ def test_prune_deletes_what_ended_of_the_statuses_given(history: tuple[Path, lis
     assert cli("prune", "--db", path).returncode == 2
 
 
+def test_status_shows_when_a_job_starts_and_what_it_waits_after(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    with store.open(path) as db:
+        db.create_job("first-job-00000", "alice", ["a"])
+        db.create_jobs(
+            "alice",
+            [("later-job-00000", ["b"])],
+            later=store.Later(2_000_000_000.0, ("first-job-00000",), after_ok=True),
+        )
+    shown = cli("status", "later-job", "--db", path, "--json")
+    assert shown.returncode == 0, shown
+    data = json.loads(shown.stdout)
+    assert (data["status"], data["deferred"], data["after"]) == (
+        "queued",
+        True,
+        ["first-job-00000"],
+    )
+    assert data["not_before"] == 2_000_000_000.0
+    text = cli("status", "later-job", "--db", path).stdout
+    assert "starts   not before 2033-05-18" in text, text
+    assert "after    first-job-00 (1 not ended)" in text, text
+
+
 def test_views_read_a_store_nobody_may_write(history: tuple[Path, list[str]]) -> None:
     path, ids = history
     with frozen(path.parent, path):

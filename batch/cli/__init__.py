@@ -352,7 +352,14 @@ def _status(args: argparse.Namespace) -> Output:
     with store.open(args.db, readonly=True) as db:
         job = _summary(_find(db, args.job))
         paused = db.paused()
-    return _job_output(job, paused)
+        after = db.after_of(job.id)
+    out = _job_output(job, paused)
+    if not after:
+        return out
+    text = f"{out.text}\nafter    {', '.join(a[:SHORT_ID] for a in after)}"
+    if job.deferred and job.waits:
+        text += f" ({job.waits} not ended)"
+    return dataclasses.replace(out, data={**out.data, "after": after}, text=text)
 
 
 def _prune(args: argparse.Namespace) -> Output:
@@ -554,6 +561,10 @@ def _summary(job: store.JobRow) -> store.JobSummary:
         statuses.count(TargetState.PENDING),
         job.name,
         job.key,
+        job.not_before,
+        job.deferred,
+        job.waits,
+        job.reason,
     )
 
 
@@ -573,6 +584,10 @@ def _job_output(job: store.JobSummary, paused: store.Paused = NOTHING_PAUSED) ->
         "created": moment(job.created_at),
         "updated": f"{moment(job.updated_at)} ({job.updated_at - job.created_at:.1f}s later)",
     }
+    if job.not_before is not None:
+        fields["starts"] = f"not before {moment(job.not_before)}"
+    if job.reason is not None:
+        fields["why"] = job.reason
     text = "\n".join(f"{key:<8} {value}" for key, value in fields.items())
     return Output(_job_json(job, paused), text, EXIT_FAILED if job.status in SHORT_OF_DONE else 0)
 
@@ -585,6 +600,9 @@ def _job_json(job: store.JobSummary, paused: store.Paused = NOTHING_PAUSED) -> d
         "key": job.key,
         "status": job.status,
         "paused": job.owner in paused.callers,
+        "not_before": job.not_before,
+        "deferred": job.deferred,
+        "reason": job.reason,
         "done": job.done,
         "failed": job.failed,
         "pending": job.pending,
