@@ -80,6 +80,11 @@ def beat(s: State[C], resume: Resume) -> bool:
             return False
         trouble.ok()
         s.due_at = min(math.inf if got.due is None else started + got.due, s.due_soon)
+        for job_id, owner, home in got.cancelled:
+            # Never ran: told here, once, as a cancel through this runner is.
+            s.ended(job_id, owner, JobStatus.CANCELLED, None)
+            if home == s.id and owner in s.waiting:
+                s.unwait(owner)
         if s.closed:
             return True  # what it took is released when the runner retires
         s.valid_until = started + lapse

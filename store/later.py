@@ -24,20 +24,22 @@ __all__ = ["RELEASE_PER_BEAT", "after_of", "next_due", "release"]
 RELEASE_PER_BEAT = 1000
 
 
-def release(conn: Tx, now: float) -> None:
+def release(conn: Tx, now: float) -> list[tuple[str, str, str | None]]:
     """Release the deferred jobs due at ``now`` (at most
     ``RELEASE_PER_BEAT``, soonest first); those with ``after_ok`` whose
     jobs waited after did not all end ``done`` end ``cancelled`` instead,
-    with the reason. Rows another transaction holds are passed over."""
+    with the reason: returns those, each its id, owner and the runner it
+    was submitted through. Rows another transaction holds are passed over."""
     rows = conn.execute(
-        "SELECT id, after_ok FROM jobs WHERE deferred = 1 AND waits = 0 AND not_before <= ?"
+        "SELECT id, after_ok, owner, runner_id FROM jobs"
+        " WHERE deferred = 1 AND waits = 0 AND not_before <= ?"
         f" ORDER BY not_before LIMIT ?{conn.locking(skip=True)}",
         (now, RELEASE_PER_BEAT),
     ).fetchall()
     if not rows:
-        return
+        return []
     unmet: dict[str, str] = {}
-    checked = [job_id for job_id, after_ok in rows if after_ok]
+    checked = [job_id for job_id, after_ok, _, _ in rows if after_ok]
     if checked:
         where, args = in_list("a.job_id", checked)
         for job_id, after_id, status in conn.execute(
@@ -48,7 +50,7 @@ def release(conn: Tx, now: float) -> None:
             if status != JobStatus.DONE and job_id not in unmet:
                 ended = "is gone" if status is None else f"ended {status}"
                 unmet[job_id] = f"job {after_id} it waited after {ended}"
-    free = [job_id for job_id, _ in rows if job_id not in unmet]
+    free = [job_id for job_id, _, _, _ in rows if job_id not in unmet]
     if free:
         where, args = in_list("id", free)
         conn.execute(f"UPDATE jobs SET deferred = 0 WHERE {where}", args)
@@ -57,6 +59,7 @@ def release(conn: Tx, now: float) -> None:
         " WHERE id = ?",
         [(JobStatus.CANCELLED, reason, now, now, job_id) for job_id, reason in unmet.items()],
     )
+    return [(job_id, owner, home) for job_id, _, owner, home in rows if job_id in unmet]
 
 
 def next_due(conn: Tx, now: float) -> float | None:

@@ -100,7 +100,7 @@ def beat(
     if clock:
         # The beat that keeps the clock does the store's chores for all.
         events.prune(conn, now - events.KEPT)
-    later.release(conn, now)
+    cancelled = later.release(conn, now)
     held: dict[str, int] = {}
     ended: set[str] = set()
     # The one renewal statement: every lease of the runner, live or not; a
@@ -164,6 +164,7 @@ def beat(
         _lease(conn, runner_id, ids, now + lapse),
         pauses.read(conn),
         later.next_due(conn, now),
+        cancelled,
     )
 
 

@@ -228,6 +228,9 @@ class Beat:
     paused: Paused = Paused()
     #: Seconds until the next deferred job is due (None: none waits on a time).
     due: float | None = None
+    #: Jobs this beat released that ended ``cancelled`` instead (their
+    #: ``after_ok`` unmet): id, owner and the runner submitted through.
+    cancelled: list[tuple[str, str, str | None]] = field(default_factory=list)
 
 
 # -- the run scheduler -------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 
 import batch
 import store
-from tests.helpers import TIMEOUT, ChildProcess, Clock, MakeRunner, Script, eventually
+from tests.helpers import TIMEOUT, ChildProcess, Clock, MakeRunner, Recorder, Script, eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -96,11 +96,13 @@ def test_a_job_after_others_starts_once_they_all_ended(db: store.Store, runner: 
 
 
 def test_after_ok_runs_only_after_jobs_done(db: store.Store, runner: MakeRunner) -> None:
-    """One of them failed: the job ends cancelled, saying which; a plain
-    ``after`` runs all the same; after jobs all done, it runs."""
+    """One of them failed: the job ends cancelled, saying which (and the
+    hooks are told); a plain ``after`` runs all the same; after jobs all
+    done, it runs."""
     script = Script()
     script.on("bad", failing)
-    with runner(db, script) as r:
+    hooks = Recorder()
+    with runner(db, script, hooks) as r:
         good = r.submit(ALICE, ["good"])
         bad = r.submit(ALICE, ["bad"])
         ok = r.submit(ALICE, ["ok"], after=[good], after_ok=True)
@@ -111,6 +113,8 @@ def test_after_ok_runs_only_after_jobs_done(db: store.Store, runner: MakeRunner)
         job = r.wait(ALICE, unmet, TIMEOUT)
     assert job.status == "cancelled"
     assert job.reason == f"job {bad} it waited after ended failed"
+    # Told once, by the runner whose beat ended it.
+    assert sorted(hooks.jobs) == ["cancelled", "done", "done", "done", "failed"]
     assert [t.status for t in job.targets] == ["pending"]
     assert "unmet" not in script.calls
 
