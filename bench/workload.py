@@ -75,10 +75,14 @@ def refs(job: int, n: int) -> list[str]:
 
 def raw_sqlite(path: str | Path) -> sqlite3.Connection:
     """A connection set up as the store sets up its own: WAL, synchronous=NORMAL,
-    no implicit transactions, shareable between threads (under a lock)."""
+    no implicit transactions, shareable between threads (under a lock), the
+    schema's functions defined."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
+    # The schema's triggers read the time of the change, as the store's
+    # own connections define it.
+    conn.create_function("store_now", 0, time.time)
     return conn
 
 
