@@ -70,7 +70,12 @@ def beat(s: State[C], resume: Resume) -> bool:
         try:
             with unlocked(s.lock):
                 got = s.store.beat_runner(
-                    s.id, lapse, room=room, foreign=resume is not None, keep=in_flight
+                    s.id,
+                    lapse,
+                    room=room,
+                    foreign=resume is not None,
+                    keep=in_flight,
+                    release=not s.closed,
                 )
         except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
             trouble.failed("cannot renew the leases of runner %s; trying again", s.id)

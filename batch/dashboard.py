@@ -3,7 +3,7 @@
 
 One page (``dashboard.html``, no build step) shows the jobs with their
 progress, filtered by status and caller; a job's targets and errors; the
-upstreams the runners pace; the QUEUED runs in order, each with why it
+upstreams the runners pace, and what is paused; the QUEUED runs in order, each with why it
 waits; the nodes, busy and draining. It refreshes when the store's events
 (``Store.watch``) say something changed, as they arrive over server-sent
 events. The same data is JSON under ``/api/``:
@@ -13,6 +13,7 @@ events. The same data is JSON under ``/api/``:
 ``GET /api/jobs/{id}``     one job and its targets
 ``POST /api/jobs/{id}/cancel``  cancel it (only with ``allow_cancel``)
 ``GET /api/upstreams``     the upstreams the store knows
+``GET /api/paused``        what is paused: callers and upstreams, since when
 ``GET /api/runs``          the QUEUED runs in order, each with ``explain``;
                            the RUNNING ones
 ``GET /api/nodes``         the nodes
@@ -151,6 +152,9 @@ def app(
     def upstreams(request: Request) -> JSONResponse:
         return _json(db.upstreams())
 
+    def paused(request: Request) -> JSONResponse:
+        return _json(db.paused())
+
     def runs(request: Request) -> JSONResponse:
         queued = db.list_runs(store.RunState.QUEUED)
         return _json(
@@ -191,6 +195,7 @@ def app(
             Route("/api/jobs/{job_id}", job),
             Route("/api/jobs/{job_id}/cancel", cancel, methods=["POST"]),
             Route("/api/upstreams", upstreams),
+            Route("/api/paused", paused),
             Route("/api/runs", runs),
             Route("/api/nodes", nodes),
             Route("/api/gauges", gauges),

@@ -271,8 +271,8 @@ class Runner(Generic[C]):
         started = s.clock.monotonic()
         lease = store.Lease(s.id, 1)
         with s.lock:
-            if later is not None and later.not_before and any(made):
-                s.due(later.not_before)
+            if later is not None and any(made):
+                s.due(later.not_before)  # or at once: what it waits after may have ended
             s.adding.difference_update(ids[:room])
             s.reserved -= room if bounded else 0
             if not all(made[room:]):

@@ -246,6 +246,11 @@ class State(Generic[C]):
         """A job became terminal (``seconds`` after it was submitted; None
         for a cancelled one, which gets no ``job_seconds``)."""
         self.counts.ended[status] = self.counts.ended.get(status, 0) + 1
+        if self.waiting and not self.closed:
+            # Jobs stored waiting may wait after this one (``submit(after=
+            # ...)``): a beat takes what may go now.
+            self.want_room = True
+            self.chores.notify()
         call_hook(self.hooks.job, status)
         call_hook(self.hooks.ended, job_id, owner, status)
         if seconds is not None:
@@ -263,9 +268,7 @@ class State(Generic[C]):
         if left:
             call_hook(self.hooks.depth, len(self.rotation))
             self.changed(job.id)
-            # Room freed, or a job ended that jobs stored waiting may wait
-            # after (``submit(after=...)``): a beat takes what may go now.
-            if (self.config.max_live is not None or self.waiting) and not self.closed:
+            if self.config.max_live is not None and not self.closed:
                 self.want_room = True
                 self.chores.notify()
         elif job.retry_at:

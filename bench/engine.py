@@ -17,6 +17,7 @@ import itertools
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -151,6 +152,8 @@ class Raw:
             import sqlite3  # noqa: PLC0415
 
             self._conn = sqlite3.connect(location, isolation_level=None)
+            # The schema's triggers read the time of the change.
+            self._conn.create_function("store_now", 0, time.time)
 
     def _sql(self, sql: str) -> str:
         return sql.replace("?", "%s") if self.pg else sql

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import subprocess
 import sys
 import tempfile
 import threading
@@ -50,13 +49,13 @@ from typing import Any
 
 import batch
 import store
-from bench.measure import REPO, Figure, Goal, Options, Row, Scenario, Series, alternate
+from bench.measure import Figure, Goal, Options, Row, Scenario, Series, alternate
 from bench.suite import join, main
 from bench.workload import (
     CALLER,
     PATIENCE,
     WORKERS,
-    copy_of,
+    bounded,
     echo,
     open_runner,
     raw_sqlite,
@@ -207,32 +206,6 @@ def pool_held(tasks: int) -> Held:
         return Held(live / tasks, traced() - start)
 
 
-#: A runner holding ``max_live`` jobs while ``waiting`` more wait in its
-#: store (a copy of the file given): the growth of the process's resident
-#: memory from before the runner opened to once it stored ``stored``
-#: targets, and its rate over them. Printed: bytes, then targets/s.
-BOUNDED = """
-import shutil, sys, time
-import batch, store
-from bench.workload import Tally, echo
-path, max_live, stored = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-
-def resident():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
-
-tally = Tally()
-with store.open(path) as db:
-    before = resident()
-    config = batch.Config(max_live=max_live, resume=batch.Caller)
-    with batch.Runner(db, echo, config, hooks=tally):
-        start = time.perf_counter()
-        tally.wait_stored(stored)
-        rate = stored / (time.perf_counter() - start)
-        print(resident() - before, rate)
-"""
-
-
 def waiting_store(path: Path, jobs: int) -> None:
     """A store file where ``jobs`` jobs of one target wait for any runner
     with room (submitted through no runner), written with raw SQL."""
@@ -254,21 +227,6 @@ def waiting_store(path: Path, jobs: int) -> None:
         conn.close()
 
 
-def bounded(base: Path, bound: Bound) -> tuple[float, float]:
-    """Resident bytes and rate of a runner under ``max_live`` on a copy of
-    ``base``, in a process of its own (what it holds is all the runner's)."""
-    with copy_of(str(base)) as path:
-        out = subprocess.run(
-            [sys.executable, "-c", BOUNDED, path, str(bound.max_live), str(bound.stored)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=PATIENCE,
-        ).stdout.split()
-    return float(out[0]), float(out[1])
-
-
 def run(opts: Options) -> list[Row]:
     """Bytes per live target and per live job, and retained, against the
     pool's; a runner under max_live with many jobs waiting."""
@@ -286,8 +244,8 @@ def run(opts: Options) -> list[Row]:
                 "long": lambda: runner_held(sizes.long_job, cancel=True),
                 "jobs": lambda: runner_held(jobs, cancel=False),
                 "jobs pool": lambda: pool_held(jobs.targets),
-                "many": lambda: bounded(many, bound),
-                "few": lambda: bounded(few, bound),
+                "many": lambda: bounded(str(many), bound.max_live, bound.stored),
+                "few": lambda: bounded(str(few), bound.max_live, bound.stored),
             },
         )
 

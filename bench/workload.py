@@ -21,6 +21,7 @@ from bench.engine import copy_of, scratch
 from store.db import Synchronous
 
 __all__ = [
+    "BOUNDED",
     "CALLER",
     "PATIENCE",
     "STEPS",
@@ -29,6 +30,7 @@ __all__ = [
     "Tally",
     "TargetRow",
     "advertise",
+    "bounded",
     "check_done",
     "commit_result",
     "copy_of",
@@ -340,3 +342,50 @@ class Shape:
     @property
     def name(self) -> str:
         return f"{self.workers} workers x {self.latency * 1000:g} ms"
+
+
+#: A runner holding ``max_live`` jobs while more wait in its store (a copy
+#: of the one given): the growth of the process's resident memory from
+#: before the runner opened to once it stored ``stored`` targets, and its
+#: rate over them. Printed: bytes, then targets/s.
+BOUNDED = """
+import sys, time
+import batch, store
+from bench.workload import Tally, echo
+path, max_live, stored = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+def resident():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+tally = Tally()
+with store.open(path) as db:
+    before = resident()
+    config = batch.Config(max_live=max_live, resume=batch.Caller)
+    with batch.Runner(db, echo, config, hooks=tally):
+        start = time.perf_counter()
+        tally.wait_stored(stored)
+        rate = stored / (time.perf_counter() - start)
+        print(resident() - before, rate)
+"""
+
+
+def bounded(base: str, max_live: int, stored: int) -> tuple[float, float]:
+    """Resident bytes grown and rate of a runner under ``max_live`` on a
+    copy of the store ``base``, in a process of its own (what it holds is
+    all the runner's)."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from bench.measure import REPO  # noqa: PLC0415
+
+    with copy_of(base) as path:
+        out = subprocess.run(
+            [sys.executable, "-c", BOUNDED, path, str(max_live), str(stored)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=PATIENCE,
+        ).stdout.split()
+    return float(out[0]), float(out[1])

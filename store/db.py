@@ -193,6 +193,11 @@ class Database(abc.ABC):
         its last statements: each engine its fastest way, one meaning for
         both (``store.outcomes``)."""
 
+    #: Whether one transaction writes at a time, whatever it writes (SQLite's
+    #: lock of the file): work done in many transactions (a prune) leaves
+    #: the others room between them.
+    one_writer = False
+
     #: Whether :meth:`notify` reaches the subscribers of every process (and
     #: a lost notice is followed by ``"resync"``): watchers then look at the
     #: store when told, rather than by a short poll.

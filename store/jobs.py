@@ -211,9 +211,11 @@ def set_job_status(
 def cancel_job(conn: Tx, job_id: str, owner: str, now: float) -> bool:
     """Cancel ``owner``'s live job, whichever runner holds it (that runner
     learns it at its next commit or beat, and releases the lease). False if
-    there is no such live job of ``owner``'s."""
+    there is no such live job of ``owner``'s. A job that waited to start
+    later waits no more."""
     cur = conn.execute(
-        f"UPDATE jobs SET status = '{JobStatus.CANCELLED}', updated_at = ?1, touched_at = ?1"
+        f"UPDATE jobs SET status = '{JobStatus.CANCELLED}', updated_at = ?1, touched_at = ?1,"
+        " deferred = 0"
         f" WHERE id = ?2 AND owner = ?3 AND status IN {LIVE_SQL}",
         (now, job_id, owner),
     )

@@ -15,7 +15,7 @@ take an open transaction (``Tx``) and run inside it.
 from __future__ import annotations
 
 from .db import Tx, in_list
-from .states import JobStatus
+from .states import LIVE_SQL, JobStatus
 
 __all__ = ["RELEASE_PER_BEAT", "after_of", "next_due", "release"]
 
@@ -32,7 +32,7 @@ def release(conn: Tx, now: float) -> list[tuple[str, str, str | None]]:
     was submitted through. Rows another transaction holds are passed over."""
     rows = conn.execute(
         "SELECT id, after_ok, owner, runner_id FROM jobs"
-        " WHERE deferred = 1 AND waits = 0 AND not_before <= ?"
+        f" WHERE deferred = 1 AND waits = 0 AND not_before <= ? AND status IN {LIVE_SQL}"
         f" ORDER BY not_before LIMIT ?{conn.locking(skip=True)}",
         (now, RELEASE_PER_BEAT),
     ).fetchall()

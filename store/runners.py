@@ -79,11 +79,12 @@ def beat(
     room: int | None,
     foreign: bool,
     keep: Sequence[str] = (),
+    release: bool = True,
 ) -> Beat:
     """One beat of ``runner_id``: give back to every lease the time the store
     could not be written, release the deferred jobs that are due
-    (``later``), renew the runner's leases for ``lapse`` seconds, and take
-    jobs.
+    (``later``; unless not ``release``: a runner closing takes none),
+    renew the runner's leases for ``lapse`` seconds, and take jobs.
 
     It takes, in submit order, live jobs no live runner holds: at most
     ``room`` (None: no limit) of those it can run (any, if ``foreign``: it
@@ -100,7 +101,7 @@ def beat(
     if clock:
         # The beat that keeps the clock does the store's chores for all.
         events.prune(conn, now - events.KEPT)
-    cancelled = later.release(conn, now)
+    cancelled = later.release(conn, now) if release else []
     held: dict[str, int] = {}
     ended: set[str] = set()
     # The one renewal statement: every lease of the runner, live or not; a

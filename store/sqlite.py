@@ -153,6 +153,8 @@ class SQLiteDatabase(Database):
                 # PRAGMA takes no bound parameter; VERSION is our own int.
                 conn.execute(f"PRAGMA user_version = {VERSION:d}")
 
+    one_writer = True
+
     def write(self, fn: Callable[[Tx], T], *, fenced: bool = False) -> T:
         with self.transaction() as conn:
             return fn(self.traced(conn))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -55,6 +56,13 @@ from .states import TERMINAL_JOB, JobStatus, RunState, TargetState
 __all__ = ["Store", "open"]
 
 log = logging.getLogger("store")
+
+#: On SQLite, whose writers take turns on the file (``Store.prune``): the
+#: jobs one batch of a prune deletes (holding the lock some 10 ms), and the
+#: seconds it rests between batches (longer than the longest sleep of a
+#: writer waiting for the lock).
+PRUNE_BATCH_ONE_WRITER = 100
+PRUNE_REST = 0.1
 
 
 class Store:
@@ -366,18 +374,26 @@ class Store:
         terminal status) more than ``older_than`` seconds ago, by the
         store's clock, with their targets: those that ended first first, at
         most ``limit`` of them (None: every one). In transactions of at most
-        ``jobs.PRUNE_BATCH`` jobs, each short, beside any writer: a live job
+        ``jobs.PRUNE_BATCH`` jobs, each short, beside any writer (on SQLite,
+        whose writers take turns on the file, of ``PRUNE_BATCH_ONE_WRITER``,
+        ``PRUNE_REST`` seconds apart, so that they get theirs): a live job
         is never pruned, and a job another transaction holds is passed
-        over. Returns how many were deleted. ``TypeError``/``ValueError``
-        for a bad age, status or limit."""
+        over. Returns how many were
+        deleted. ``TypeError``/``ValueError`` for a bad age, status or limit."""
         wanted = _ended_statuses(statuses)
         age = _seconds("older_than", older_than)
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
             raise TypeError(f"limit is an int or None, not {type(limit).__name__}")
         pruned = 0
+        most = PRUNE_BATCH_ONE_WRITER if self._db.one_writer else jobs.PRUNE_BATCH
         for status in wanted:
             while limit is None or pruned < limit:
-                batch = jobs.PRUNE_BATCH if limit is None else min(jobs.PRUNE_BATCH, limit - pruned)
+                if pruned and self._db.one_writer:
+                    # The file's writers take turns: the others (a runner
+                    # waiting in SQLite's busy handler, which sleeps up to
+                    # 0.1 s between tries) get the lock between batches.
+                    time.sleep(PRUNE_REST)
+                batch = most if limit is None else min(most, limit - pruned)
                 got = self._db.write(
                     functools.partial(jobs.prune, status=status, older_than=age, limit=batch),
                     fenced=True,
@@ -413,12 +429,20 @@ class Store:
         room: int | None = None,
         foreign: bool = False,
         keep: Sequence[str] = (),
+        release: bool = True,
     ) -> Beat:
         """One beat of the runner: renew its leases for ``lapse`` seconds and
         take jobs no live runner holds (see ``runners.beat``)."""
         return self._db.write(
             lambda tx: runners.beat(
-                tx, runner_id, tx.now, lapse, room=room, foreign=foreign, keep=keep
+                tx,
+                runner_id,
+                tx.now,
+                lapse,
+                room=room,
+                foreign=foreign,
+                keep=keep,
+                release=release,
             ),
             fenced=True,
         )

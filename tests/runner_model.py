@@ -281,6 +281,13 @@ class MJob:
     cancelled: bool = False
     retry_at: float = 0.0  # a busy answer's after: not tried again sooner
     stored: list[Stored] = field(default_factory=list)
+    #: Submitted to start later (SPEC 2f): not before ``not_before`` (the
+    #: model's time), after the jobs ``after`` (keys) ended, and with
+    #: ``after_ok`` only if they ended done. ``deferred`` until then.
+    not_before: float = 0.0
+    after: list[str] = field(default_factory=list)
+    after_ok: bool = False
+    deferred: bool = False
 
     def __post_init__(self) -> None:
         self.stored = [PENDING] * self.size
@@ -306,7 +313,13 @@ class Model:
     from its next ready job after the one it last picked (wrapping).
 
     With ``limits``, a job is ready only while its next target's upstream
-    may start one (``MUpstream``) at ``now``, the time the machine steps."""
+    may start one (``MUpstream``) at ``now``, the time the machine steps.
+
+    A paused caller's jobs, and jobs whose next target's upstream is
+    paused, are not ready (SPEC 2f). A job submitted to start later waits
+    outside the rotation until :meth:`due` says it may go; :meth:`release`
+    then appends it to the rotation as a new job, or ends it cancelled when
+    its ``after_ok`` is unmet."""
 
     def __init__(
         self,
@@ -340,6 +353,9 @@ class Model:
         self.retries = 0
         #: Jobs submitted while the cursor was past the last live job.
         self.newcomers: set[str] = set()
+        #: What is paused: callers (by index) and upstreams (by name).
+        self.paused: set[int] = set()
+        self.paused_upstreams: set[str] = set()
 
     @property
     def inflight(self) -> list[MJob]:
@@ -357,6 +373,8 @@ class Model:
     def ready(self, job: MJob) -> bool:
         if job.running or job.cancelled or job.next == job.size or job.retry_at > self.now:
             return False
+        if job.caller in self.paused or job.upstreams[job.next] in self.paused_upstreams:
+            return False
         upstream = self.upstream(job)
         return upstream is None or upstream.free(self.now)
 
@@ -369,14 +387,55 @@ class Model:
 
     def submit(self, caller: int, size: int, upstreams: list[str | None] | None = None) -> MJob:
         job = MJob(f"j{len(self.jobs)}", caller, size, upstreams or [])
+        self.jobs[job.key] = job
+        self.join(job)
+        return job
+
+    def join(self, job: MJob) -> None:
+        """``job`` is last in the rotation now."""
         if self.live and self.cursor == len(self.live):
             self.newcomers.add(job.key)
-        self.jobs[job.key] = job
         self.live.append(job)
-        if caller not in self.callers:
-            self.callers.append(caller)
+        if job.caller not in self.callers:
+            self.callers.append(job.caller)
         self.depths.append(len(self.live))
+
+    def submit_later(
+        self,
+        caller: int,
+        size: int,
+        upstreams: list[str | None],
+        after: list[str],
+        *,
+        after_ok: bool = False,
+        not_before: float = 0.0,
+    ) -> MJob:
+        """A job that waits, outside the rotation, until :meth:`due`."""
+        job = MJob(f"j{len(self.jobs)}", caller, size, upstreams)
+        job.after, job.after_ok, job.not_before, job.deferred = after, after_ok, not_before, True
+        self.jobs[job.key] = job
         return job
+
+    def due(self) -> list[MJob]:
+        """The jobs waiting to start later that may go now, in submit order."""
+        return [
+            job
+            for job in self.jobs.values()
+            if job.deferred
+            and job.not_before <= self.now
+            and all(self.jobs[key].terminal for key in job.after)
+        ]
+
+    def release(self, job: MJob) -> None:
+        """A job :meth:`due` gave goes: last in the rotation, or (``after_ok``
+        and one of those it waited after did not end done) cancelled."""
+        job.deferred = False
+        if job.after_ok and any(self.jobs[key].status != "done" for key in job.after):
+            job.cancelled = True
+            job.status = "cancelled"
+            self.ended["cancelled"] += 1
+            return
+        self.join(job)
 
     def pick(self) -> MJob | None:
         """The job the rotation gives a free worker: the first ready one from
@@ -457,6 +516,11 @@ class Model:
         self.depths.append(len(self.live))
 
     def cancel(self, job: MJob) -> bool:
+        if job.deferred:
+            job.deferred, job.cancelled = False, True
+            job.status = "cancelled"
+            self.ended["cancelled"] += 1
+            return True
         if job not in self.live or job.cancelled:
             return False
         job.cancelled = True

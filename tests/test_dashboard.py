@@ -50,6 +50,11 @@ def test_jobs_newest_first_with_progress_and_filters(db: store.Store, client: Te
         "nbytes": jobs[2]["nbytes"],
         "created_at": 0,
         "updated_at": 0,
+        "key": None,
+        "not_before": None,
+        "deferred": False,
+        "waits": 0,
+        "reason": None,
     }
     assert [j["id"] for j in client.get("/api/jobs?owner=alice").json()] == ["j2", "j1"]
     assert [j["id"] for j in client.get("/api/jobs?status=cancelled").json()] == ["j2"]
@@ -110,6 +115,16 @@ def test_runs_nodes_and_gauges(db: store.Store, client: TestClient) -> None:
     gauges = client.get("/api/gauges").json()
     assert (gauges["queued_runs"], gauges["busy"]) == (1, 1)
     assert client.get("/api/upstreams").json() == []
+
+
+def test_what_is_paused_and_jobs_that_start_later(db: store.Store, client: TestClient) -> None:
+    assert client.get("/api/paused").json() == {"callers": {}, "upstreams": {}}
+    db.pause(caller="alice", upstream="example.org")
+    paused = client.get("/api/paused").json()
+    assert (list(paused["callers"]), list(paused["upstreams"])) == (["alice"], ["example.org"])
+    db.create_jobs("bob", [("j1", ["a"])], later=store.Later(not_before=2e9))
+    (job,) = client.get("/api/jobs").json()
+    assert (job["deferred"], job["not_before"]) == (True, 2e9)
 
 
 def test_events_stream_resumes_after_the_last_seen(db: store.Store, client: TestClient) -> None:

@@ -9,6 +9,7 @@ import pytest
 import batch
 import store
 import store.jobs
+import store.store
 from tests.helpers import TIMEOUT, Clock, MakeRunner, Script, eventually
 from tests.jobs_helpers import TERMINAL, terminal_job
 
@@ -56,6 +57,8 @@ def test_prune_goes_in_batches_and_stops_at_its_limit(
     """Many short transactions (one per batch), the oldest first, and no
     more than ``limit`` jobs."""
     monkeypatch.setattr(store.jobs, "PRUNE_BATCH", 3)
+    monkeypatch.setattr(store.store, "PRUNE_BATCH_ONE_WRITER", 3)
+    monkeypatch.setattr(store.store, "PRUNE_REST", 0.0)
     for k in range(10):
         terminal_job(db, f"j{k}", 1)
         clock.tick(1)

@@ -79,6 +79,14 @@ class RunnerMachine(RuleBasedStateMachine):
     hosts: st.SearchStrategy[str | None] = st.none()
     #: How fetches end.
     acts = ACTS
+    #: Callers (and with ``limits``, upstreams) are paused and unpaused.
+    pausing = True
+    #: Jobs are submitted to start later (after others; at a time, with
+    #: ``limits``, whose clock the machine steps). Such a job joins the
+    #: rotation when a beat takes it, while another worker may pick: the
+    #: order of turns is then not the model's to say, so only where the
+    #: model accepts any pick (not ``exact``).
+    later = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -138,11 +146,29 @@ class RunnerMachine(RuleBasedStateMachine):
         upstreams, then wait for any job parked until the store shares its
         upstream with the runner (the first time the runner meets it) to be
         let go, and take what starts then: so what starts next never depends
-        on how long the keeper's sync took."""
+        on how long the keeper's sync took. First, the jobs the model says
+        may start now after waiting are waited for until the runner took
+        them (or ended them, their ``after_ok`` unmet)."""
+        self.join_due()
         self.take_calls()
         if self.limits is not None:
             assert eventually(self.shared), "the store never shared an upstream"
             self.take_calls()
+
+    def join_due(self) -> None:
+        """Wait until the runner took (or ended) each job the model says may
+        leave its wait now, and let the model release it."""
+        while not self.model.closed and (due := self.model.due()):
+            # One at a time: a job ended for its after_ok may free others.
+            job = due[0]
+            caller = CALLERS[job.caller]
+            assert eventually(
+                lambda job=job, caller=caller: (
+                    self.runner.explain(caller, job.id)["state"] not in ("later", "elsewhere")
+                )
+            ), f"{job.key} was due and never taken"
+            self.model.release(job)
+            event("a job that waited joined" if not job.terminal else "after_ok unmet")
 
     def shared(self) -> bool:
         """Whether no live job waits for a share of its upstream."""
@@ -255,6 +281,75 @@ class RunnerMachine(RuleBasedStateMachine):
         job.id = self.runner.submit(CALLERS[caller], targets)
         self.settle()
 
+    @precondition(lambda self: self.later and not self.model.closed)
+    @rule(
+        data=st.data(),
+        caller=CALLER,
+        size=SIZE,
+        after_ok=st.booleans(),
+        wait=st.sampled_from([0, 3, 11]),
+    )
+    def submit_later(
+        self, data: st.DataObject, caller: int, size: int, after_ok: bool, wait: int
+    ) -> None:
+        """A job after some of its caller's jobs (``after_ok`` or not), and
+        with a clock, not before a time."""
+        mine = sorted(
+            (j for j in self.model.jobs.values() if j.caller == caller), key=lambda j: j.key
+        )
+        after = data.draw(
+            st.lists(st.sampled_from(mine), max_size=2, unique_by=lambda j: j.key)
+            if mine
+            else st.just([]),
+            label="after",
+        )
+        wait = wait if self.clock is not None else 0
+        if not after and not wait:
+            return
+        hosts = [data.draw(self.hosts, label="upstream") for _ in range(size)]
+        job = self.model.submit_later(
+            caller,
+            size,
+            hosts,
+            [j.key for j in after],
+            after_ok=after_ok and bool(after),
+            not_before=self.model.now + wait,
+        )
+        self.upstream_of.update(zip(job.refs, hosts, strict=True))
+        job.id = self.runner.submit(
+            CALLERS[caller],
+            job.refs,
+            after=[j.id for j in after] or None,
+            after_ok=job.after_ok,
+            not_before=self.store_time() + wait if wait else None,
+        )
+        self.settle()
+
+    @precondition(lambda self: self.pausing and not self.model.closed)
+    @rule(caller=CALLER, on=st.booleans())
+    def pause(self, caller: int, on: bool) -> None:
+        """Pause or unpause a caller: none of its jobs starts a target while
+        it is paused; once unpaused they go on in their turn."""
+        if on:
+            self.runner.pause(CALLERS[caller])
+            self.model.paused.add(caller)
+        else:
+            self.runner.unpause(CALLERS[caller])
+            self.model.paused.discard(caller)
+        self.settle()
+
+    @precondition(lambda self: self.pausing and self.limits is not None and not self.model.closed)
+    @rule(name=st.sampled_from(["a", "b"]), on=st.booleans())
+    def pause_upstream(self, name: str, on: bool) -> None:
+        """Pause or unpause an upstream: no target of it starts meanwhile."""
+        if on:
+            self.runner.pause(upstream=name)
+            self.model.paused_upstreams.add(name)
+        else:
+            self.runner.unpause(upstream=name)
+            self.model.paused_upstreams.discard(name)
+        self.settle()
+
     @precondition(lambda self: bool(self.calls))
     @rule(data=st.data())
     def step(self, data: st.DataObject) -> None:
@@ -333,6 +428,9 @@ class RunnerMachine(RuleBasedStateMachine):
         caller = CALLERS[job.caller]
         if job.terminal:
             assert self.runner.wait(caller, job.id, timeout=0).status == job.status
+        elif job.deferred:
+            with pytest.raises(TimeoutError):  # in no runner's hands yet
+                self.runner.wait(caller, job.id, timeout=0)
         elif self.model.closed:
             with pytest.raises(batch.RunnerClosed):
                 self.runner.wait(caller, job.id, timeout=TIMEOUT)
@@ -422,10 +520,12 @@ class RunnerMachine(RuleBasedStateMachine):
 
 
 class RunnerWorkersMachine(RunnerMachine):
-    """Several workers; the model accepts any pick the rules allow."""
+    """Several workers; the model accepts any pick the rules allow. Jobs
+    that start after others, too."""
 
     workers = 3
     exact = False
+    later = True
 
 
 class AsyncRunnerMachine(RunnerMachine):
@@ -446,6 +546,9 @@ class CallerFairMachine(RunnerMachine):
 
     fair = "caller"
     weights = {"alice": 2}  # noqa: RUF012 - read, never changed
+    #: A paused caller's turns in a row are spent on jobs it holds back:
+    #: the model does not say how many.
+    pausing = False
 
 
 class AsyncCallerFairMachine(CallerFairMachine):
@@ -459,6 +562,7 @@ class CallerFairWorkersMachine(RunnerWorkersMachine):
 
     fair = "caller"
     weights = {"bob": 3}  # noqa: RUF012 - read, never changed
+    pausing = False
 
 
 class UpstreamMachine(RunnerMachine):
@@ -469,6 +573,7 @@ class UpstreamMachine(RunnerMachine):
     it frees is the rotation's own business)."""
 
     exact = False
+    later = True
     limits = {  # noqa: RUF012 - read, never changed
         "a": batch.Limit(concurrency=1, break_after=2, cool_down=10.0),
         "b": batch.Limit(break_after=3, cool_down=5.0),
