@@ -28,6 +28,7 @@ import json
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -93,7 +94,8 @@ def keys_raced(processes: int, keys: int) -> float:
 
 def waiting(path: str, plain: int, later: int) -> None:
     """A store where ``plain`` jobs of one target wait for any runner with
-    room and ``later`` more wait for times spread over the next hour,
+    room and ``later`` more wait for times spread over the hour after the
+    next (none comes due while the scenario runs),
     written with raw SQL (the deferred ones as ``submit(not_before=...)``
     stores them)."""
     store.open(path).close()
@@ -106,7 +108,7 @@ def waiting(path: str, plain: int, later: int) -> None:
             "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, ntargets,"
             " deferred, not_before) VALUES (?, ?, 'queued', 1, 1, 1, 1, ?, ?)",
             (
-                (f"{i:032x}", CALLER.id, int(i >= plain), now + 60 + rng.random() * 3600)
+                (f"{i:032x}", CALLER.id, int(i >= plain), now + 3600 + rng.random() * 3600)
                 for i in range(plain + later)
             ),
         )
@@ -123,16 +125,20 @@ def lateness(base: str, jobs: int) -> list[float]:
     """On a copy of ``base``: ``jobs`` jobs due within the next second (plus
     0.2 s), each started how many seconds after its time."""
     started: dict[str, float] = {}
+    every = threading.Event()
 
     def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> None:
         started[target.ref] = time.time()
+        if len(started) == jobs:
+            every.set()
 
-    with copy_of(base) as path, open_runner(path, fetch) as (runner, tally):
+    with copy_of(base) as path, open_runner(path, fetch) as (runner, _):
         rng = random.Random(7)
         due = {f"due-{k}": time.time() + 0.2 + rng.random() for k in range(jobs)}
         for ref, at in due.items():
             runner.submit(CALLER, [ref], not_before=at)
-        tally.wait_stored(jobs, PATIENCE)
+        if not every.wait(PATIENCE):
+            raise TimeoutError(f"{jobs - len(started)} of {jobs} jobs due never started")
     return [started[ref] - at for ref, at in due.items()]
 
 
@@ -171,6 +177,7 @@ def rate_beside(base: str, pruning: bool) -> float:
                 [sys.executable, "-m", "batch", "prune", "--older-than", "0", "--db", path],
                 cwd=REPO,
                 stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,  # "terminated", when stopped
             )
             if pruning
             else None

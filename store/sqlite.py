@@ -221,6 +221,13 @@ class SQLiteDatabase(Database):
             except sqlite3.Error as e:
                 raise StoreError(f"store {self.path!r}: {e}") from e
 
+    def fold_log(self) -> None:
+        """A passive checkpoint: what it cannot fold now (a reader holds it)
+        waits for the next."""
+        with self._lock:
+            if not self._closed:
+                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
     def close(self) -> None:
         """Close the connection; later transactions raise ``StoreError``. Idempotent."""
         with self._lock:
