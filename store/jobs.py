@@ -110,32 +110,33 @@ def create_jobs(
     deferred = (
         (0, None, 0, 0) if later is None else (1, later.not_before, waits, int(later.after_ok))
     )
-    conn.executemany(
-        "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, runner_id,"
-        " lease_owner, lease_token, lease_until, ntargets, name, trace, idempotency_key,"
-        " deferred, not_before, waits, after_ok)"
-        f" VALUES (?, ?, '{JobStatus.QUEUED}', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING",
-        [
-            (
-                job_id,
-                owner,
-                now,
-                now,
-                now,
-                runner_id,
-                *lease,
-                len(refs),
-                names and names[k],
-                traces and traces[k],
-                keys and keys[k],
-                *deferred,
-            )
-            for k, (job_id, refs) in enumerate(jobs)
-            for lease in [(runner_id, 1, lease_until) if k < held else (None, 0, None)]
-        ],
-    )
+    rows = [
+        (
+            job_id,
+            owner,
+            now,
+            now,
+            now,
+            runner_id,
+            *lease,
+            len(refs),
+            names and names[k],
+            traces and traces[k],
+            keys and keys[k],
+            *deferred,
+        )
+        for k, (job_id, refs) in enumerate(jobs)
+        for lease in [(runner_id, 1, lease_until) if k < held else (None, 0, None)]
+    ]
     ids = [job_id for job_id, _ in jobs]
+    given = sorted({key for key in keys or () if key is not None})
+    if given and len(rows) == 1:
+        # One job with a key (the usual submit): the insert says whether it
+        # made it, and only a key taken costs a second look.
+        made = conn.execute(_INSERT_JOB + " RETURNING id", rows[0]).fetchone()
+        given = [] if made is not None else given
+    else:
+        conn.executemany(_INSERT_JOB, rows)
     if later is not None and later.after:
         # Every job of the call waits after them; one whose key was used
         # already is not there, and takes none.
@@ -143,7 +144,6 @@ def create_jobs(
             "INSERT INTO job_after (job_id, after_id) SELECT id, ? FROM jobs WHERE id = ?",
             [(after_id, job_id) for job_id in ids for after_id in later.after],
         )
-    given = sorted({key for key in keys or () if key is not None})
     if not given:
         return ids
     found: dict[str, str] = {}
@@ -157,6 +157,15 @@ def create_jobs(
         )
     assert keys is not None
     return [job_id if key is None else found[key] for job_id, key in zip(ids, keys, strict=True)]
+
+
+_INSERT_JOB = (
+    "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, runner_id,"
+    " lease_owner, lease_token, lease_until, ntargets, name, trace, idempotency_key,"
+    " deferred, not_before, waits, after_ok)"
+    f" VALUES (?, ?, '{JobStatus.QUEUED}', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+)
 
 
 def _waits(conn: Tx, owner: str, after: Sequence[str]) -> int:
