@@ -82,9 +82,9 @@ def beat(
     release: bool = True,
 ) -> Beat:
     """One beat of ``runner_id``: give back to every lease the time the store
-    could not be written, release the deferred jobs that are due
-    (``later``; unless not ``release``: a runner closing takes none),
-    renew the runner's leases for ``lapse`` seconds, and take jobs.
+    could not be written, renew the runner's leases for ``lapse`` seconds,
+    release the deferred jobs that are due (``later``; unless not
+    ``release``: a runner closing takes none), and take jobs.
 
     It takes, in submit order, live jobs no live runner holds: at most
     ``room`` (None: no limit) of those it can run (any, if ``foreign``: it
@@ -101,7 +101,6 @@ def beat(
     if clock:
         # The beat that keeps the clock does the store's chores for all.
         events.prune(conn, now - events.KEPT)
-    cancelled = later.release(conn, now) if release else []
     held: dict[str, int] = {}
     ended: set[str] = set()
     # The one renewal statement: every lease of the runner, live or not; a
@@ -130,6 +129,9 @@ def beat(
     conn.executemany(
         "UPDATE runners SET heartbeat_at = ?, lapse = ? WHERE id = ?", [(now, lapse, runner_id)]
     )
+    # Deferred jobs due now join those to take, after the renewal: the
+    # runner's own rows are its first to lock.
+    cancelled = later.release(conn, now) if release else []
     ended_runners, silent = _gone(conn, runner_id, now)
     if not clock:
         silent = []  # as with a lapsed lease: the stall may be given back
