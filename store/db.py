@@ -176,6 +176,13 @@ class Database(abc.ABC):
         every such write updates last. Where the engine has one writer at a
         time (SQLite), every write is serial."""
 
+    def lock_keys(self, tx: Tx, owner: str, keys: Sequence[str]) -> None:  # noqa: B027
+        """Before ``tx`` inserts jobs of ``owner`` with these idempotency
+        keys (sorted): where writers side by side would otherwise wait on
+        each other's keys in the orders their jobs came in, and so in a
+        circle (PostgreSQL), lock the keys in one order first. Nothing
+        where one transaction writes at a time."""
+
     @abc.abstractmethod
     def insert_targets(self, tx: Tx, jobs: Sequence[tuple[str, Sequence[str]]]) -> None:
         """Insert the targets of new jobs (each an id and its refs), in

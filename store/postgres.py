@@ -86,6 +86,9 @@ LOCK_KEY = 0x6273746F7265
 #: The advisory locks a write tries, by name (``Tx.try_lock``): one
 #: session at a time does that work; the others skip it.
 TRY_LOCKS = {"evict": LOCK_KEY + 1, "clock": LOCK_KEY + 2}
+#: The first of the two keys of the advisory locks of idempotency keys
+#: (``lock_keys``); the second is the key's hash.
+KEYS_LOCK = 0x6B6579
 #: Seconds a session may sit idle inside a transaction before the server
 #: ends it (and so releases the write lock it holds).
 IDLE_IN_TRANSACTION = 5.0
@@ -1048,6 +1051,16 @@ class PostgresDatabase(Database):
         if self.readonly:
             raise StoreError(f"store {self.path!r} is open for reading only")
         return self._run(fn, write=True, fenced=fenced)
+
+    def lock_keys(self, tx: Tx, owner: str, keys: Sequence[str]) -> None:
+        """A transaction-level advisory lock per key (the two-key form, in a
+        space of its own), taken in one order, in one statement. Two keys of
+        one hash share a lock: they only take turns."""
+        tx.execute(
+            "SELECT count(pg_advisory_xact_lock(?, h)) FROM (SELECT DISTINCT"
+            " hashtext(? || chr(31) || k) AS h FROM unnest(?::text[]) AS k ORDER BY h) AS keys",
+            (KEYS_LOCK, owner, list(keys)),
+        )
 
     def insert_targets(self, tx: Tx, jobs: Sequence[tuple[str, Sequence[str]]]) -> None:
         """One statement over arrays (a row at a time costs a message each:

@@ -207,6 +207,9 @@ class Store:
 
         def create(tx: Tx) -> list[str]:
             until = None if lease_for is None else tx.now + lease_for
+            given = sorted({key for key in keys or () if key is not None})
+            if len(given) > 1:
+                self._db.lock_keys(tx, owner, given)
             ids = jobs.create_jobs(
                 tx,
                 owner,
