@@ -254,16 +254,13 @@ class Runner(Generic[C]):
                     keys=None if keys.count(None) == len(keys) else keys,
                     later=later,
                 )
-        except StoreFailed as e:
-            self._unsubmit(owner, ids[:room], len(jobs) - room)
-            if isinstance(e.__cause__, store.NotFound):
-                raise InvalidJob(str(e.__cause__)) from None
-            raise
-        except BaseException:
+        except BaseException as e:
             # The jobs may be stored all the same (the answer to the commit was
             # lost): then the next beat finds them leased to this runner
             # and not in its rotation, and takes them up (beat._take_up).
             self._unsubmit(owner, ids[:room], len(jobs) - room)
+            if isinstance(e, StoreFailed) and isinstance(e.__cause__, store.NotFound):
+                raise InvalidJob(str(e.__cause__)) from None  # a job to wait after
             raise
         # A job whose key was used already was not stored: it neither joins
         # nor waits.

@@ -223,7 +223,9 @@ class Store:
                 keys=keys,
                 later=later,
             )
-            made = [job for job, got in zip(new, ids, strict=True) if got == job[0]]
+            made = new
+            if keys is not None:  # a job whose key was taken is not made
+                made = [job for job, got in zip(new, ids, strict=True) if got == job[0]]
             self._db.insert_targets(tx, made)
             if later is None and (until is None or (leased is not None and leased < len(new))):
                 self._db.notify(tx, WORK)
