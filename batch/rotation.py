@@ -360,7 +360,8 @@ class Rotation(Generic[C]):
     A job whose turn comes while its caller, or its next target's
     upstream, is paused (:meth:`pause`) waits the same way, in a ring of
     that pause's (``_held``), until it is lifted: then all its jobs are
-    back among the ready ones at their order.
+    back among the ready ones at their order. Holding a job moves no
+    cursor: it keeps its turn, whether or not a pick passed it meanwhile.
 
     Not thread-safe: the runner's lock guards it. Invariants: ``_by_id``
     holds the live jobs and ``_owners`` counts them by caller; a job has at
@@ -484,11 +485,9 @@ class Rotation(Generic[C]):
                 del self._timer_at[name]
                 self._release(name)
         paces = self.paces
-        pauses = self._pauses
-        while (job := self._ready.pop(self._live)) is not None:
+        live = functools.partial(self._unless_paused, now) if self._pauses else self._live
+        while (job := self._ready.pop(live)) is not None:
             pace = None if paces is None else paces.of(job.targets[job.next], now)
-            if pauses and self._hold(job, pace):
-                continue
             if paces is None or pace is None:
                 job.queued = False
                 return job
@@ -521,17 +520,24 @@ class Rotation(Generic[C]):
                 self._ready.push(job)
         return bool(lifted)
 
-    def _hold(self, job: LiveJob[C], pace: Pace | None) -> bool:
-        """Hold ``job`` (just popped, its next target's upstream paced by
-        ``pace``) if its caller or that upstream is paused."""
+    def _unless_paused(self, now: float, job_id: str) -> LiveJob[C] | None:
+        """What :meth:`_live` gives, while anything is paused: a job whose
+        caller, or its next target's upstream, is paused is held in that
+        pause's ring instead (and its entry dropped like a job that left),
+        so the cursor stays on the last job picked and the job keeps its
+        turn for when the pause is lifted."""
+        job = self._live(job_id)
+        if job is None:
+            return None
         key = ("caller", job.owner)
         if key not in self._pauses:
+            pace = None if self.paces is None else self.paces.of(job.targets[job.next], now)
             key = ("upstream", "" if pace is None else pace.name)
             if pace is None or key not in self._pauses:
-                return False
+                return job
         job.paused = key
         self._held.setdefault(key, _Ring()).push(job.order, job.id)
-        return True
+        return None
 
     def returned(
         self, job: LiveJob[C], answer: Answer, seconds: float, after: float, now: float

@@ -8,6 +8,8 @@ import pytest
 
 import batch
 import store
+from batch.context import Context
+from batch.rotation import LiveJob, Rotation
 from tests.helpers import TIMEOUT, MakeRunner, Script, eventually
 
 pytestmark = pytest.mark.timeout(60)
@@ -146,3 +148,33 @@ def test_pause_of_nothing_or_of_a_bad_name_is_refused(
         with pytest.raises(TypeError):
             r.unpause(**args)  # type: ignore[arg-type]
     assert db.paused() == store.Paused()
+
+
+def test_a_held_job_keeps_its_turn_whether_or_not_a_pick_passed_it() -> None:
+    """The turn after a pause is the rotation's, not the timing's: a pick
+    that found a paused job (a worker woken by a beat, say) moves nothing."""
+
+    def rotation(picked_while_paused: bool) -> list[str]:
+        rot: Rotation[str] = Rotation()
+        jobs = {
+            name: LiveJob(
+                name, owner, owner, [batch.Target("t")], 0.0, store.Lease("r", 1), Context()
+            )
+            for name, owner in [("a0", "alice"), ("b1", "bob"), ("b2", "bob")]
+        }
+        rot.add(jobs["a0"])
+        rot.add(jobs["b1"])
+        running = rot.pick(0.0)
+        assert running is jobs["a0"]
+        running.start()
+        rot.pause(frozenset({("caller", "bob")}))
+        if picked_while_paused:
+            assert rot.pick(0.0) is None  # b1 held; a0 is running
+        rot.add(jobs["b2"])
+        rot.pause(frozenset())
+        running.advance(True)
+        rot.settle(running)
+        return [job.id for job in iter(lambda: rot.pick(0.0), None)]
+
+    assert rotation(picked_while_paused=True) == rotation(picked_while_paused=False)
+    assert rotation(picked_while_paused=True) == ["b1", "b2"]
