@@ -28,6 +28,17 @@ from tests import pgserver
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 10.0
 
+#: How many times the state machines' example counts to run: 1 keeps the
+#: suite within its minutes; ``EXAMPLES=4 pytest tests/test_runner_model.py``
+#: searches longer (as the repeated runs of the concurrency tests do).
+EXAMPLES = float(os.environ.get("EXAMPLES", "1"))
+
+
+def examples(n: int) -> int:
+    """``n`` examples, times ``EXAMPLES``."""
+    return max(1, round(n * EXAMPLES))
+
+
 #: The database each test's PostgreSQL database is copied from (the store's
 #: tables set up, empty); conftest makes it once per run.
 TEMPLATE = "store_template"

@@ -34,7 +34,7 @@ from hypothesis.stateful import (
 
 import batch
 import store
-from tests.helpers import TIMEOUT, Recorder, StepClock, as_async, eventually
+from tests.helpers import EXAMPLES, TIMEOUT, Recorder, StepClock, as_async, eventually, examples
 from tests.runner_model import (
     ACTS,
     CALLER,
@@ -56,7 +56,7 @@ from tests.runner_model import (
 # The timeout guards against a hang, not a slow run: a machine's hundred
 # examples took 44 s on a loaded two-core host, and up to 66 s when more
 # ran beside it.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300 * max(1.0, EXAMPLES))]
 
 
 # -- the machine ----------------------------------------------------------------
@@ -598,27 +598,27 @@ class AsyncUpstreamWorkersMachine(UpstreamMachine):
 LAST_TICK = 250
 
 SETTINGS = settings(
-    max_examples=200,
+    max_examples=examples(130),
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 
 RunnerMachine.TestCase.settings = SETTINGS
-RunnerWorkersMachine.TestCase.settings = settings(SETTINGS, max_examples=70)
-AsyncRunnerMachine.TestCase.settings = settings(SETTINGS, max_examples=100)
-AsyncRunnerWorkersMachine.TestCase.settings = settings(SETTINGS, max_examples=40)
+RunnerWorkersMachine.TestCase.settings = settings(SETTINGS, max_examples=examples(50))
+AsyncRunnerMachine.TestCase.settings = settings(SETTINGS, max_examples=examples(70))
+AsyncRunnerWorkersMachine.TestCase.settings = settings(SETTINGS, max_examples=examples(30))
 TestRunnerModel = RunnerMachine.TestCase
 TestRunnerModelWorkers = RunnerWorkersMachine.TestCase
 TestAsyncRunnerModel = AsyncRunnerMachine.TestCase
 TestAsyncRunnerModelWorkers = AsyncRunnerWorkersMachine.TestCase
-CallerFairMachine.TestCase.settings = settings(SETTINGS, max_examples=150)
-AsyncCallerFairMachine.TestCase.settings = settings(SETTINGS, max_examples=60)
-CallerFairWorkersMachine.TestCase.settings = settings(SETTINGS, max_examples=40)
+CallerFairMachine.TestCase.settings = settings(SETTINGS, max_examples=examples(90))
+AsyncCallerFairMachine.TestCase.settings = settings(SETTINGS, max_examples=examples(40))
+CallerFairWorkersMachine.TestCase.settings = settings(SETTINGS, max_examples=examples(30))
 TestCallerFairModel = CallerFairMachine.TestCase
 TestAsyncCallerFairModel = AsyncCallerFairMachine.TestCase
 TestCallerFairModelWorkers = CallerFairWorkersMachine.TestCase
-UpstreamMachine.TestCase.settings = settings(SETTINGS, max_examples=100)
-AsyncUpstreamWorkersMachine.TestCase.settings = settings(SETTINGS, max_examples=60)
+UpstreamMachine.TestCase.settings = settings(SETTINGS, max_examples=examples(70))
+AsyncUpstreamWorkersMachine.TestCase.settings = settings(SETTINGS, max_examples=examples(40))
 TestUpstreamModel = UpstreamMachine.TestCase
 TestAsyncUpstreamModelWorkers = AsyncUpstreamWorkersMachine.TestCase

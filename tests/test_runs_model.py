@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 
 import store
 from store.match import place
-from tests.helpers import Clock, Raw
+from tests.helpers import EXAMPLES, Clock, Raw, examples
 from tests.runs_model import (
     FAR,
     LABELS,
@@ -406,7 +406,7 @@ class RunQueueMachine(RuleBasedStateMachine):
 
 
 SETTINGS = settings(
-    max_examples=250,
+    max_examples=examples(160),
     stateful_step_count=60,
     deadline=None,
     # Tracing a failing machine line by line takes longer than the test may.
@@ -414,7 +414,7 @@ SETTINGS = settings(
 )
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120 * max(1.0, EXAMPLES))
 @pytest.mark.parametrize("reserve_after", [None, RESERVE, 0.0])
 def test_the_run_queue_against_the_model(
     fresh_location: Callable[[], contextlib.AbstractContextManager[str]],
