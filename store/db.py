@@ -235,12 +235,6 @@ class Database(abc.ABC):
         commits (never if it rolls back). An engine that cannot sends
         nothing: its subscribers learn by polling."""
 
-    def fold_log(self) -> None:  # noqa: B027 - most engines have nothing to do
-        """Where the engine's log of writes is folded into the store by the
-        next writer to commit past a size (SQLite's WAL checkpoint), fold it
-        now, on this thread: after a long run of writes (a prune's batch),
-        so that a runner's commit does not pay for them."""
-
     def horizon(self, tx: Tx, *, bound: bool) -> tuple[int, int] | None:
         """Where writers side by side number events before they commit
         (PostgreSQL), what tells a number missing for good from one a

@@ -19,6 +19,7 @@ from .jobs import insert_targets
 from .outcomes import record
 from .schema import MIGRATIONS, VERSION
 from .shapes import Lease, Stored, TargetOutcome
+from .wal import Folder
 
 __all__ = ["BUSY_TIMEOUT", "SQLiteDatabase"]
 
@@ -69,6 +70,8 @@ class SQLiteDatabase(Database):
         self.readonly = readonly
         self._lock = threading.Lock()
         self._closed = False
+        # Folds the log after writes, so that no commit waits for it.
+        self._folder = Folder(self.path, BUSY_TIMEOUT)
         if readonly:
             _check_exists(self.path)
         else:
@@ -205,9 +208,12 @@ class SQLiteDatabase(Database):
             try:
                 self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 self._conn.now = self.clock()
+                before = self._conn.total_changes
                 try:
                     yield self._conn
                     self._conn.execute("COMMIT")
+                    if self._conn.total_changes != before:
+                        self._folder.wrote()
                 except BaseException:
                     # The failed statement (or COMMIT) left the transaction
                     # open; nothing would ever close it, so roll it back here.
@@ -221,15 +227,9 @@ class SQLiteDatabase(Database):
             except sqlite3.Error as e:
                 raise StoreError(f"store {self.path!r}: {e}") from e
 
-    def fold_log(self) -> None:
-        """A passive checkpoint: what it cannot fold now (a reader holds it)
-        waits for the next."""
-        with self._lock:
-            if not self._closed:
-                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-
     def close(self) -> None:
         """Close the connection; later transactions raise ``StoreError``. Idempotent."""
+        self._folder.close()  # first: the last connection to close folds the log
         with self._lock:
             if not self._closed:
                 self._closed = True

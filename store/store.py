@@ -404,8 +404,6 @@ class Store:
                     fenced=True,
                 )
                 pruned += got
-                if self._db.one_writer:
-                    self._db.fold_log()
                 if got < batch:
                     break
         return pruned

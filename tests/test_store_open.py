@@ -5,7 +5,9 @@ opening; and a batch of outcomes stored in one go."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +34,23 @@ def test_open_creates_schema_version_and_wal(tmp_path: Path) -> None:
         assert db.get_job("nope", "alice") is None
     assert sqlite_pragma(path, "user_version") == VERSION
     assert sqlite_pragma(path, "journal_mode") == "wal"
+
+
+@pytest.mark.timeout(60)
+def test_the_log_stays_small_while_a_handle_writes_on(tmp_path: Path) -> None:
+    """A handle writing without pause (as a runner does) has its write-ahead
+    log folded into the file as it goes, by a thread of its own rather than
+    in one of its commits: the log stays a fraction of what was written."""
+    path = tmp_path / "busy.sqlite3"
+    result = "x" * 1000
+    with store.open(path) as db:
+        for n in range(300):
+            db.create_job(f"j{n}", "alice", [f"{n}-{k}-{result}" for k in range(100)])
+        written = os.path.getsize(path)
+        assert written > 30_000_000
+        assert os.path.getsize(f"{path}-wal") < written / 3
+        assert any(t.name.startswith("store-wal") for t in threading.enumerate())
+    assert not any(t.name.startswith("store-wal") for t in threading.enumerate())
 
 
 def test_open_sets_up_an_empty_database_file(tmp_path: Path) -> None:
