@@ -18,21 +18,26 @@ import logging
 import sqlite3
 import threading
 
-__all__ = ["FOLD_EVERY", "Folder"]
+__all__ = ["FOLD_EVERY", "IDLE_FOR", "Folder"]
 
 log = logging.getLogger("store")
 
 #: Seconds between folds while writes go on.
 FOLD_EVERY = 0.2
+#: Seconds without a write after which the thread ends (the next write
+#: starts another): a handle that stopped writing, or that was dropped
+#: without ``close``, keeps no thread.
+IDLE_FOR = 60.0
 
 
 class Folder:
     """Folds the log of the file at ``path`` after writes (:meth:`wrote`),
     at most every ``FOLD_EVERY`` seconds, until :meth:`close`.
 
-    The thread starts with the first write, so a handle that only reads
-    never has one. ``_cond`` guards ``_due`` (a write since the last fold
-    began), ``_closed`` and ``_thread``."""
+    The thread starts with a write and ends after ``IDLE_FOR`` seconds
+    without one, so a handle that only reads never has one. ``_cond``
+    guards ``_due`` (a write since the last fold began), ``_closed`` and
+    ``_thread`` (the running thread, None once it is ending)."""
 
     def __init__(self, path: str, busy_timeout: float) -> None:
         self._path = path
@@ -67,21 +72,14 @@ class Folder:
             thread.join()
 
     def _run(self) -> None:
-        conn = sqlite3.connect(
-            self._path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
-        )
         try:
-            while True:
-                with self._cond:
-                    while not self._due and not self._closed:
-                        self._cond.wait()
-                    if self._closed:
-                        return
-                    # Writes go on meanwhile: one fold for all of them.
-                    self._cond.wait(FOLD_EVERY)
-                    if self._closed:
-                        return
-                    self._due = False
+            conn = sqlite3.connect(self._path, timeout=self._busy_timeout, isolation_level=None)
+        except sqlite3.Error:
+            log.debug("cannot open %s to fold its log", self._path, exc_info=True)
+            self._end()
+            return
+        try:
+            while self._next():
                 try:
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
                 except sqlite3.Error:
@@ -89,3 +87,24 @@ class Folder:
                     log.debug("cannot fold the log of %s", self._path, exc_info=True)
         finally:
             conn.close()
+
+    def _next(self) -> bool:
+        """Wait until a fold is due, and ``FOLD_EVERY`` more seconds for the
+        writes that go on meanwhile: True then; False for the thread to end
+        (closed, or idle ``IDLE_FOR`` seconds)."""
+        with self._cond:
+            while not self._due:
+                if self._closed or not self._cond.wait(IDLE_FOR):
+                    self._end()
+                    return False
+            self._cond.wait(FOLD_EVERY)
+            if self._closed:
+                self._end()
+                return False
+            self._due = False
+            return True
+
+    def _end(self) -> None:
+        """The thread ends: the next write starts another."""
+        with self._cond:
+            self._due, self._thread = False, None

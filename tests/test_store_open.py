@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 import store
+from store import wal
 from store.schema import MIGRATIONS, VERSION
-from tests.helpers import raw
+from tests.helpers import eventually, raw
 from tests.jobs_helpers import (
     job_of,
     sqlite_pragma,
@@ -36,6 +37,11 @@ def test_open_creates_schema_version_and_wal(tmp_path: Path) -> None:
     assert sqlite_pragma(path, "journal_mode") == "wal"
 
 
+def folding() -> bool:
+    """Whether a store's thread that folds the log is running."""
+    return any(t.name.startswith("store-wal") for t in threading.enumerate())
+
+
 @pytest.mark.timeout(60)
 def test_the_log_stays_small_while_a_handle_writes_on(tmp_path: Path) -> None:
     """A handle writing without pause (as a runner does) has its write-ahead
@@ -49,8 +55,24 @@ def test_the_log_stays_small_while_a_handle_writes_on(tmp_path: Path) -> None:
         written = os.path.getsize(path)
         assert written > 30_000_000
         assert os.path.getsize(f"{path}-wal") < written / 3
-        assert any(t.name.startswith("store-wal") for t in threading.enumerate())
-    assert not any(t.name.startswith("store-wal") for t in threading.enumerate())
+        assert folding()
+    assert not folding()
+
+
+@pytest.mark.timeout(60)
+def test_the_folding_thread_ends_when_writes_stop_and_comes_back_with_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handle that stopped writing (or was dropped unclosed) keeps no
+    thread; the next write starts one again."""
+    monkeypatch.setattr(wal, "IDLE_FOR", 0.05)
+    with store.open(tmp_path / "quiet.sqlite3") as db:
+        db.create_job("j1", "alice", ["a"])
+        assert folding()
+        assert eventually(lambda: not folding())
+        db.create_job("j2", "alice", ["b"])
+        assert folding()
+    assert not folding()
 
 
 def test_open_sets_up_an_empty_database_file(tmp_path: Path) -> None:
