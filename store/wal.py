@@ -15,8 +15,10 @@ folds what is left, as always.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
+import urllib.parse
 
 __all__ = ["FOLD_EVERY", "IDLE_FOR", "Folder"]
 
@@ -73,7 +75,9 @@ class Folder:
 
     def _run(self) -> None:
         try:
-            conn = sqlite3.connect(self._path, timeout=self._busy_timeout, isolation_level=None)
+            # mode=rw: a file removed meanwhile is not made again, empty.
+            uri = f"file:{urllib.parse.quote(os.path.abspath(self._path))}?mode=rw"
+            conn = sqlite3.connect(uri, timeout=self._busy_timeout, isolation_level=None, uri=True)
         except sqlite3.Error:
             log.debug("cannot open %s to fold its log", self._path, exc_info=True)
             self._end()
