@@ -58,10 +58,10 @@ __all__ = ["Store", "open"]
 log = logging.getLogger("store")
 
 #: On SQLite, whose writers take turns on the file (``Store.prune``): the
-#: jobs one batch of a prune deletes (holding the lock some 10 ms), and the
-#: seconds it rests between batches (longer than the longest sleep of a
-#: writer waiting for the lock).
+#: jobs one batch of a prune deletes (holding the lock some 10 ms).
 PRUNE_BATCH_ONE_WRITER = 100
+#: The seconds a prune rests between batches, on any engine (longer than
+#: the longest sleep of a writer waiting for SQLite's lock).
 PRUNE_REST = 0.1
 
 
@@ -379,12 +379,12 @@ class Store:
         terminal status) more than ``older_than`` seconds ago, by the
         store's clock, with their targets: those that ended first first, at
         most ``limit`` of them (None: every one). In transactions of at most
-        ``jobs.PRUNE_BATCH`` jobs, each short, beside any writer (on SQLite,
-        whose writers take turns on the file, of ``PRUNE_BATCH_ONE_WRITER``,
-        ``PRUNE_REST`` seconds apart, so that they get theirs): a live job
-        is never pruned, and a job another transaction holds is passed
-        over. Returns how many were
-        deleted. ``TypeError``/``ValueError`` for a bad age, status or limit."""
+        ``jobs.PRUNE_BATCH`` jobs (on SQLite, whose writers take turns on
+        the file, ``PRUNE_BATCH_ONE_WRITER``), each short, ``PRUNE_REST``
+        seconds apart, beside any writer, so that writers get their turn: a
+        live job is never pruned, and a job another transaction holds is
+        passed over. Returns how many were deleted. ``TypeError`` or
+        ``ValueError`` for a bad age, status or limit."""
         wanted = _ended_statuses(statuses)
         age = _seconds("older_than", older_than)
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
@@ -393,10 +393,11 @@ class Store:
         most = PRUNE_BATCH_ONE_WRITER if self._db.one_writer else jobs.PRUNE_BATCH
         for status in wanted:
             while limit is None or pruned < limit:
-                if pruned and self._db.one_writer:
-                    # The file's writers take turns: the others (a runner
-                    # waiting in SQLite's busy handler, which sleeps up to
-                    # 0.1 s between tries) get the lock between batches.
+                if pruned:
+                    # Others get their turn between batches: on SQLite the
+                    # file's lock (a runner waiting in SQLite's busy handler
+                    # sleeps up to 0.1 s between tries), on any engine the
+                    # cores the store's server shares with the runners.
                     time.sleep(PRUNE_REST)
                 batch = most if limit is None else min(most, limit - pruned)
                 got = self._db.write(
