@@ -45,10 +45,10 @@ from hypothesis.stateful import (
 
 import store
 from store import Conflict, Lease, TargetOutcome, ended_status
-from tests.helpers import Clock, Raw
+from tests.helpers import EXAMPLES, Clock, Raw, examples
 from tests.leases_model import LAPSE, MJob, Model, MRunner
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 * max(1.0, EXAMPLES))]
 
 LAPSES = (LAPSE, LAPSE, 2 * LAPSE)
 #: The lapse ``register_runner`` records when given none.
@@ -622,7 +622,7 @@ class LeaseMachine(RuleBasedStateMachine):
         )
 
 
-SETTINGS = settings(max_examples=100, stateful_step_count=25, deadline=None)
+SETTINGS = settings(max_examples=examples(70), stateful_step_count=25, deadline=None)
 
 
 def test_leases_against_the_model(

@@ -43,9 +43,9 @@ from hypothesis.stateful import (
 
 import batch
 import store
-from tests.helpers import TIMEOUT, Clock, Recorder, StepClock, within
+from tests.helpers import EXAMPLES, TIMEOUT, Clock, Recorder, StepClock, examples, within
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180 * max(1.0, EXAMPLES))]
 
 #: The lease's length; the keeper beats every LAPSE / 3 = 1 second, and the
 #: machine steps time by whole seconds, so every time is an exact float.
@@ -677,7 +677,7 @@ def test_a_busy_answer_after_the_lease_was_taken_starts_nothing(
 
 
 OwnershipMachine.TestCase.settings = settings(
-    max_examples=40,
+    max_examples=examples(30),
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
