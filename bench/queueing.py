@@ -8,8 +8,11 @@ key, jobs that start later and pruning cost the rest.
   of its own): how far the jobs made are from 1,000 (0: one job per key).
 - 100,000 jobs with ``not_before`` spread over the next hour, beside
   30,000 jobs waiting for room, against 130,000 jobs waiting for room:
-  the resident memory a runner under ``max_live=1000`` grows by while it
-  stores 20,000 targets (a process of its own), and its rate over them.
+  a runner under ``max_live=1000`` (a process of its own); the most
+  memory it held at once while it stored 5,000 targets (Python's
+  allocations, traced: resident memory moves by a third between two
+  identical runs, too much for a goal of a tenth), and in another run its
+  rate over 20,000 targets.
 - With 100,000 jobs waiting for times over the next hour (and no other):
   50 jobs due within the next second, each started how long after its
   time (a worker is free).
@@ -194,6 +197,7 @@ def run(opts: Options) -> list[Row]:
     scale = 10 if opts.quick else 1
     submits, keys, later = 2_000 // scale, 1_000, 100_000 // scale
     plain, max_live, stored = 30_000 // scale, 1_000 // scale, 20_000 // scale
+    traced = stored // 4
     old = 1_000_000 // scale
     with (
         scratch("later.sqlite3") as deferred,
@@ -209,26 +213,28 @@ def run(opts: Options) -> list[Row]:
             "keyed": lambda: submit_rate(submits, keyed=True),
             "plain": lambda: submit_rate(submits, keyed=False),
             "raced": lambda: keys_raced(8, keys),
-            "later": lambda: bounded(deferred, max_live, stored),
-            "flat": lambda: bounded(flat, max_live, stored),
+            "later": lambda: bounded(deferred, max_live, stored)[1],
+            "flat": lambda: bounded(flat, max_live, stored)[1],
+            "later held": lambda: bounded(deferred, max_live, traced, traced=True)[0],
+            "flat held": lambda: bounded(flat, max_live, traced, traced=True)[0],
             "late": lambda: lateness(only_later, 50),
             "pruning": lambda: rate_beside(done, pruning=True),
             "alone": lambda: rate_beside(done, pruning=False),
         }
         got = alternate(opts.rounds, measures)
 
-    def series(key: str, name: str, pick: int | None = None) -> Series:
-        return Series(name, [v if pick is None else v[pick] for v in got[key]])
+    def series(key: str, name: str) -> Series:
+        return Series(name, got[key])
 
-    def waiting_later(what: str, unit: Unit, pick: int, goal: Goal) -> Figure:
-        """A figure of the bounded runner's (``pick``: 0 memory, 1 rate),
+    def waiting_later(what: str, unit: Unit, key: str, goal: Goal) -> Figure:
+        """A figure of the bounded runner's (``key``: its measure's suffix),
         later jobs waiting against jobs waiting for room."""
         return Figure(
             "13",
             what,
             unit,
-            series("later", f"{later:,} later + {plain:,} waiting", pick),
-            series("flat", f"{later + plain:,} waiting for room", pick),
+            series(f"later{key}", f"{later:,} later + {plain:,} waiting"),
+            series(f"flat{key}", f"{later + plain:,} waiting for room"),
             goal,
         )
 
@@ -249,12 +255,12 @@ def run(opts: Options) -> list[Row]:
             goal=Goal("max", "<=", 0),
         ),
         waiting_later(
-            f"{later:,} not_before jobs + {plain:,} waiting: memory grown",
+            f"{later:,} not_before jobs + {plain:,} waiting: most memory held",
             "B",
-            0,
+            " held",
             Goal("ratio", "<=", 1.1),
         ),
-        waiting_later(f"  rate under max_live={max_live:,}", "/s", 1, Goal("ratio", ">=", 0.9)),
+        waiting_later(f"  rate under max_live={max_live:,}", "/s", "", Goal("ratio", ">=", 0.9)),
         Figure(
             "13",
             "  a job due started after its time",

@@ -345,14 +345,16 @@ class Shape:
 
 
 #: A runner holding ``max_live`` jobs while more wait in its store (a copy
-#: of the one given): the growth of the process's resident memory from
-#: before the runner opened to once it stored ``stored`` targets, and its
-#: rate over them. Printed: bytes, then targets/s.
+#: of the one given), until it stored ``stored`` targets. Measured (the
+#: last argument): ``resident``, the growth of the process's resident
+#: memory from before the runner opened, then its rate over the targets;
+#: or ``traced``, the most bytes of Python's allocations it held at once
+#: on the way (tracing slows it, so no rate). Printed: bytes, rate.
 BOUNDED = """
-import sys, time
+import sys, time, tracemalloc
 import batch, store
 from bench.workload import Tally, echo
-path, max_live, stored = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, max_live, stored, how = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 
 def resident():
     with open("/proc/self/statm") as f:
@@ -361,27 +363,41 @@ def resident():
 tally = Tally()
 with store.open(path) as db:
     before = resident()
+    if how == "traced":
+        tracemalloc.start()
     config = batch.Config(max_live=max_live, resume=batch.Caller)
     with batch.Runner(db, echo, config, hooks=tally):
         start = time.perf_counter()
         tally.wait_stored(stored)
         rate = stored / (time.perf_counter() - start)
-        print(resident() - before, rate)
+        if how == "traced":
+            print(tracemalloc.get_traced_memory()[1], 0)
+        else:
+            print(resident() - before, rate)
 """
 
 
-def bounded(base: str, max_live: int, stored: int) -> tuple[float, float]:
+def bounded(base: str, max_live: int, stored: int, *, traced: bool = False) -> tuple[float, float]:
     """Resident bytes grown and rate of a runner under ``max_live`` on a
     copy of the store ``base``, in a process of its own (what it holds is
-    all the runner's)."""
+    all the runner's); ``traced``: the most bytes of Python's allocations
+    it held at once instead, and no rate (0).
+
+    The resident figure is what the process costs the machine, SQLite's
+    page cache and the allocator's arenas included; between two identical
+    runs it moves by a third (the arenas, mostly). The traced peak counts
+    only what the runner's own structures held, and moves by a tenth: the
+    one to compare two stores by. (What it holds at the end moves more:
+    it depends on where in a refill the last target fell.)"""
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
     from bench.measure import REPO  # noqa: PLC0415
 
+    how = "traced" if traced else "resident"
     with copy_of(base) as path:
         out = subprocess.run(
-            [sys.executable, "-c", BOUNDED, path, str(max_live), str(stored)],
+            [sys.executable, "-c", BOUNDED, path, str(max_live), str(stored), how],
             cwd=REPO,
             capture_output=True,
             text=True,
