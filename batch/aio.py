@@ -2,8 +2,9 @@
 that records what they return.
 
 An async runner has no worker threads. One thread runs an event loop of
-its own (:func:`serve`) with ``Config.workers`` coroutines (:class:`Workers`)
-that do what worker threads do: take jobs from the rotation
+its own (:func:`serve`; uvloop's where it is installed, ``Config.loop``)
+with ``Config.workers`` coroutines (:class:`Workers`) that do what worker
+threads do: take jobs from the rotation
 (``worker.take``: the same order, one target in flight per job), await
 their fetch, hand over the outcome; one with nothing to take parks, and the
 loop is woken like an idle worker (``batch.idle``).
@@ -35,7 +36,7 @@ from .model import Target
 from .rotation import LiveJob
 from .state import State
 
-__all__ = ["AsyncFetch", "Workers", "serve", "write"]
+__all__ = ["AsyncFetch", "Workers", "new_loop", "serve", "write"]
 
 log = logging.getLogger("batch")
 
@@ -171,6 +172,19 @@ class LoopSleeper(Sleeper):
         self.workers._wake()
 
 
+def new_loop(choice: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """What makes the event loop ``Config.loop`` names: uvloop's (for
+    ``"auto"``, where it is installed) or asyncio's own."""
+    if choice != "asyncio":
+        try:
+            import uvloop  # noqa: PLC0415 - an optional extra, imported where used
+        except ImportError:
+            pass  # "auto" without it; "uvloop" without it is refused by Config
+        else:
+            return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
 def serve(s: State[C], fetch: AsyncFetch[C]) -> None:
     """The loop thread: run fetches until the runner closes and none is in
     flight; then, if the fetch has an ``aclose()`` (an HTTP client it keeps
@@ -178,7 +192,8 @@ def serve(s: State[C], fetch: AsyncFetch[C]) -> None:
     runner's own bookkeeping fail, the loop ends and the failure is logged
     (``statistics().workers`` shows 0)."""
     try:
-        asyncio.run(_serve(s, fetch))
+        with asyncio.Runner(loop_factory=new_loop(s.config.loop)) as runner:
+            runner.run(_serve(s, fetch))
     except BaseException:
         log.critical("the batch event loop ended on an error of the runner's own", exc_info=True)
         raise

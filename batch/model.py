@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -269,6 +270,9 @@ class Config:
       status is kept (``{"done": 3600, "failed": 7 * 86400}``); the runner
       prunes older ones in small batches (``Store.prune``), beside the
       byte budget. A status not named is kept until evicted.
+    - ``loop``: the event loop of a runner whose fetch is an ``async def``.
+      ``"auto"``: uvloop's where it is installed (``batch-store[speed]``),
+      asyncio's own otherwise; ``"uvloop"`` or ``"asyncio"``: that one.
     """
 
     workers: int = 4
@@ -285,6 +289,7 @@ class Config:
     limits: Mapping[str, Limit] | None = None
     tracing: bool = True
     keep: Mapping[str, float] | None = None
+    loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
     def __post_init__(self) -> None:
         _check_int("workers", self.workers, 1)
@@ -314,6 +319,14 @@ class Config:
         if self.resume is not None and not callable(self.resume):
             raise TypeError(
                 f"Config.resume must be callable or None, not {type(self.resume).__name__}"
+            )
+        if self.loop not in ("auto", "asyncio", "uvloop"):
+            raise ValueError(
+                f"Config.loop must be 'auto', 'asyncio' or 'uvloop', not {self.loop!r}"
+            )
+        if self.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ValueError(
+                "Config.loop='uvloop' needs uvloop installed: pip install 'batch-store[speed]'"
             )
 
 

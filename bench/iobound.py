@@ -9,7 +9,8 @@ Shapes:
 - 64 workers, each fetch 10 ms, 500 jobs of 20;
 - an ``async def`` fetch awaiting 50 ms, 1,000 in flight on the runner's
   event loop (``workers=1000``), 1,000 jobs of 20: what one process can keep
-  in flight without a thread per fetch.
+  in flight without a thread per fetch; on uvloop (where installed) and on
+  asyncio's own loop, in the same rounds.
 
 Against two references measured or computed in the same rounds:
 
@@ -19,7 +20,7 @@ Against two references measured or computed in the same rounds:
 - the ideal: ``workers / latency`` targets per second, every worker busy
   all the time.
 
-For the async runner, also the process's CPU time per target stored,
+For the async runner, also the process's CPU time per target stored (each loop),
 against ``1 s / ideal``: what one core (the interpreter's lock) can spend
 per target at the ideal rate. Above it, the ideal is out of reach however
 the fetches wait.
@@ -31,9 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 import batch
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, alternate
@@ -60,6 +63,12 @@ QUICK = (Shape(256, 0.05, 200, 10), Shape(64, 0.01, 100, 10))
 ASYNC = Shape(1_000, 0.05, 1_000, 20)
 ASYNC_QUICK = Shape(1_000, 0.05, 1_000, 4)
 
+#: The async runner's event loops (``Config.loop``), as the rows name them,
+#: and the share of the ideal each is to reach.
+Loop = Literal["uvloop", "asyncio"]
+LOOPS: dict[Loop, str] = {"uvloop": "uvloop", "asyncio": "asyncio's loop"}
+ASYNC_GOAL: dict[Loop, float] = {"uvloop": 0.8, "asyncio": 0.7}
+
 
 def waiting(latency: float) -> batch.Fetch[batch.Caller]:
     """A fetch that waits ``latency`` seconds, as on the network, and returns
@@ -82,20 +91,21 @@ def waiting_async(latency: float) -> batch.Fetch[batch.Caller]:
     return fetch
 
 
-def runner_rate(shape: Shape, *, run_async: bool = False) -> float:
-    """Targets per second of a runner of ``shape.workers`` workers (or, with
-    an async fetch, that many fetches in flight on its event loop)."""
-    return runner_costs(shape, run_async=run_async)["rate"]
+def runner_rate(shape: Shape) -> float:
+    """Targets per second of a runner of ``shape.workers`` worker threads."""
+    return runner_costs(shape)["rate"]
 
 
-def runner_costs(shape: Shape, *, run_async: bool = False) -> dict[str, float]:
-    """:func:`runner_rate` as ``rate``, and the process's CPU time per target
-    stored meanwhile, in microseconds, as ``cpu``."""
+def runner_costs(shape: Shape, loop: Loop | None = None) -> dict[str, float]:
+    """Targets per second of a runner of ``shape.workers`` worker threads,
+    or (given the ``Config.loop``) of that many fetches in flight on its
+    event loop, as ``rate``; and the process's CPU time per target stored
+    meanwhile, in microseconds, as ``cpu``."""
     work = [refs(j, shape.per_job) for j in range(shape.jobs)]
-    fetch = (waiting_async if run_async else waiting)(shape.latency)
+    fetch = (waiting if loop is None else waiting_async)(shape.latency)
     with (
         scratch() as path,
-        open_runner(path, fetch, workers=shape.workers) as (runner, tally),
+        open_runner(path, fetch, workers=shape.workers, loop=loop or "auto") as (runner, tally),
     ):
         cpu = time.process_time()
         rate = drain_rate(runner, tally, work, many=True)
@@ -157,37 +167,50 @@ def run(opts: Options) -> list[Row]:
         ]
         pools.append(rates["pool"])
     shape = ASYNC_QUICK if opts.quick else ASYNC
+    loops: list[Loop] = ["uvloop", "asyncio"] if importlib.util.find_spec("uvloop") else ["asyncio"]
     costs = alternate(
-        opts.rounds, {"async": functools.partial(runner_costs, shape, run_async=True)}
-    )["async"]
-    rates = {"async": [c["rate"] for c in costs]}
-    ours = Series(f"async def fetch, {shape.jobs:,} jobs of {shape.per_job}", rates["async"])
+        opts.rounds, {loop: functools.partial(runner_costs, shape, loop) for loop in loops}
+    )
+    ideal = Series("fetches in flight / latency", [shape.ideal] * opts.rounds)
+    on = {
+        loop: Series(
+            f"async def fetch on {LOOPS[loop]}, {shape.jobs:,} jobs of {shape.per_job}",
+            [c["rate"] for c in costs[loop]],
+        )
+        for loop in loops
+    }
+    for loop in loops:
+        rows.append(
+            Figure(
+                "7",
+                f"async on {LOOPS[loop]}, {shape.workers:,} in flight x 50 ms vs ideal",
+                "/s",
+                on[loop],
+                ideal,
+                Goal("ratio", ">=", ASYNC_GOAL[loop]),
+            )
+        )
+    rows.append(
+        Figure(
+            "7",
+            f"  async on {LOOPS[loops[0]]} vs thread pool, {shapes[0].workers} threads",
+            "/s",
+            on[loops[0]],
+            Series(f"ThreadPoolExecutor({shapes[0].workers}), 50 ms", pools[0]),
+        )
+    )
+    # Why the ideal is out of reach: the CPU the process spends per target,
+    # against what one core (the interpreter's lock) can give each target at
+    # the ideal rate.
     rows += [
         Figure(
             "7",
-            f"async, {shape.workers:,} in flight x 50 ms vs ideal",
-            "/s",
-            ours,
-            Series("fetches in flight / latency", [shape.ideal] * len(rates["async"])),
-            Goal("ratio", ">=", 0.8),
-        ),
-        Figure(
-            "7",
-            f"  async vs thread pool, {shapes[0].workers} threads",
-            "/s",
-            ours,
-            Series(f"ThreadPoolExecutor({shapes[0].workers}), 50 ms", pools[0]),
-        ),
-        # Why the ideal is out of reach: the CPU the process spends per
-        # target, against what one core (the interpreter's lock) can give
-        # each target at the ideal rate.
-        Figure(
-            "7",
-            "  async, CPU per target vs ideal's",
+            f"  async on {LOOPS[loop]}, CPU per target vs ideal's",
             "us",
-            Series("process CPU time / targets stored", [c["cpu"] for c in costs]),
-            Series("1 s / ideal rate", [1e6 / shape.ideal] * len(costs)),
-        ),
+            Series("process CPU time / targets stored", [c["cpu"] for c in costs[loop]]),
+            Series("1 s / ideal rate", [1e6 / shape.ideal] * opts.rounds),
+        )
+        for loop in loops
     ]
     return rows
 

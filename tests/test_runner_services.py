@@ -9,6 +9,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -691,3 +692,44 @@ def test_an_aclose_that_raises_is_logged_and_the_runner_closes(
     r.close(timeout=TIMEOUT)
     assert r.statistics().closed
     assert "aclose() raised" in caplog.text
+
+
+# -- the event loop an async runner runs on -----------------------------------------
+
+
+def _loop_of(db: store.Store, config: batch.Config) -> asyncio.AbstractEventLoop:
+    """The loop an async fetch of a runner with ``config`` ran on."""
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
+        loops.append(asyncio.get_running_loop())
+        return None
+
+    with batch.Runner(db, fetch, config) as r:
+        assert r.wait(ALICE, r.submit(ALICE, ["a"]), TIMEOUT).status == "done"
+    return loops[0]
+
+
+@pytest.mark.parametrize("choice", ["auto", "uvloop"])
+def test_an_async_runner_runs_on_uvloop_where_installed(db: store.Store, choice: str) -> None:
+    uvloop = pytest.importorskip("uvloop")
+    assert isinstance(_loop_of(db, batch.Config(loop=choice)), uvloop.Loop)
+
+
+def test_an_async_runner_runs_on_asyncio_when_asked(db: store.Store) -> None:
+    loop = _loop_of(db, batch.Config(loop="asyncio"))
+    assert type(loop).__module__.startswith("asyncio.")
+
+
+def test_without_uvloop_auto_is_asyncio_and_uvloop_refused(
+    db: store.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop fails
+    assert type(_loop_of(db, batch.Config())).__module__.startswith("asyncio.")
+    with pytest.raises(ValueError, match=r"batch-store\[speed\]"):
+        batch.Config(loop="uvloop")
+
+
+def test_an_unknown_loop_is_refused() -> None:
+    with pytest.raises(ValueError, match="'auto', 'asyncio' or 'uvloop'"):
+        batch.Config(loop="trio")
