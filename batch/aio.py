@@ -98,7 +98,7 @@ class Workers(Generic[C]):
             if job is None:
                 await park
                 continue
-            if self.s.config.tracing and tracing.recording():
+            if self.s.config.tracing and tracing.fetches_recorded():
                 with tracing.span(job) as told:
                     outcome = await attempt_async(
                         self.fetch, job.ctx, job.caller, job.targets[job.next]

@@ -38,7 +38,7 @@ def work(s: State[C], fetch: Callable[[Context, C, Target], object]) -> None:
         with s.lock:
             job = pick(s, sleeper)
         while job is not None:
-            if s.config.tracing and tracing.recording():
+            if s.config.tracing and tracing.fetches_recorded():
                 with tracing.span(job) as told:
                     outcome = attempt(fetch, job.ctx, job.caller, job.targets[job.next])
                     told.append(outcome)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 import sys
 import types
@@ -19,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+import batch.tracing
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -142,7 +145,8 @@ def test_example_runs(
 def _fresh_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
     """OpenTelemetry's global tracer provider as before any is set, for this
     example only (one sets it, as an application does once): no runner of
-    a later test records spans."""
+    a later test records spans. The runners' last look at it is forgotten
+    too, as in a new process."""
     try:
         from opentelemetry import trace  # noqa: PLC0415
         from opentelemetry.util._once import Once  # noqa: PLC0415
@@ -150,6 +154,7 @@ def _fresh_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
         return
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
     monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    monkeypatch.setattr(batch.tracing, "_looked", (-math.inf, False))
 
 
 def slug(heading: str) -> str:

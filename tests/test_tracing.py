@@ -4,6 +4,7 @@ job; nothing at all until the application records traces."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     provider = sdk_trace.TracerProvider()
     provider.add_span_processor(export.SimpleSpanProcessor(exporter))
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    monkeypatch.setattr(batch.tracing, "_looked", (-math.inf, False))  # workers look again
     yield exporter
     provider.shutdown()
 
@@ -133,6 +135,7 @@ def test_no_span_without_a_recording_provider_or_with_tracing_off(
     assert fetches(spans) == []
     assert db.find_job(job_id).trace is None  # type: ignore[union-attr]
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)  # as before any SDK is set
+    monkeypatch.setattr(batch.tracing, "_looked", (-math.inf, False))
     # A trace context current all the same, as one taken from a request's
     # headers is: without a provider, nothing is stored or made of it.
     incoming = trace.SpanContext(
