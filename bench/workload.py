@@ -93,9 +93,13 @@ class Tally(batch.Hooks):
     counts, so the benchmark can wait for a workload to reach a point without
     polling.
 
-    One thread waits at a time. The hooks run under the runner's lock and
-    notify only once the awaited point is reached, so a waiting benchmark
-    does not wake on every target and take turns away from the workers.
+    One thread waits at a time. The hooks run under the runner's lock, and
+    take the tally's own only while a thread waits (its ``_until`` is set,
+    under that lock, before it looks at the counts: a hook that misses it
+    changed a count the waiter then reads). They notify only once the
+    awaited point is reached, so a waiting benchmark does not wake on every
+    target and take turns away from the workers; and the runner pays next
+    to nothing for being counted.
     """
 
     def __init__(self) -> None:
@@ -106,23 +110,22 @@ class Tally(batch.Hooks):
         self.inflight_now = 0
 
     def depth(self, live: int) -> None:
-        with self._cond:
-            self.live_now = live
-            self._check()
+        self.live_now = live
+        self._check()
 
     def target(self, err: BaseException | None, seconds: float, nbytes: int) -> None:
-        with self._cond:
-            self.stored += 1
-            self._check()
+        self.stored += 1  # the runner's lock is held: no two hooks at once
+        self._check()
 
     def inflight(self, n: int) -> None:
-        with self._cond:
-            self.inflight_now = n
-            self._check()
+        self.inflight_now = n
+        self._check()
 
     def _check(self) -> None:
-        if self._until is not None and self._until():
-            self._cond.notify_all()
+        if self._until is not None:
+            with self._cond:
+                if self._until is not None and self._until():
+                    self._cond.notify_all()
 
     def wait_until(self, reached: Callable[[], bool], timeout: float = PATIENCE) -> None:
         """Block until ``reached()`` (read under the tally's lock) is true;
