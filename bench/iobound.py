@@ -35,6 +35,7 @@ import functools
 import importlib.util
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -91,11 +92,6 @@ def waiting_async(latency: float) -> batch.Fetch[batch.Caller]:
     return fetch
 
 
-def runner_rate(shape: Shape) -> float:
-    """Targets per second of a runner of ``shape.workers`` worker threads."""
-    return runner_costs(shape)["rate"]
-
-
 def runner_costs(shape: Shape, loop: Loop | None = None) -> dict[str, float]:
     """Targets per second of a runner of ``shape.workers`` worker threads,
     or (given the ``Config.loop``) of that many fetches in flight on its
@@ -111,6 +107,24 @@ def runner_costs(shape: Shape, loop: Loop | None = None) -> dict[str, float]:
         rate = drain_rate(runner, tally, work, many=True)
         cpu = time.process_time() - cpu
         return {"rate": rate, "cpu": cpu / (shape.jobs * shape.per_job) * 1e6}
+
+
+def cpu_row(what: str, costs: list[dict[str, float]], shape: Shape) -> Figure:
+    """Why the ideal may be out of reach: the CPU the process spent per
+    target, against what one core (the interpreter's lock) can give each
+    target at the ideal rate."""
+    return Figure(
+        "7",
+        what,
+        "us",
+        Series("process CPU time / targets stored", [c["cpu"] for c in costs]),
+        Series("1 s / ideal rate", [1e6 / shape.ideal] * len(costs)),
+    )
+
+
+def pool_costs(shape: Shape) -> dict[str, float]:
+    """:func:`pool_rate` as ``rate``, as :func:`runner_costs` gives it."""
+    return {"rate": pool_rate(shape)}
 
 
 def pool_rate(shape: Shape) -> float:
@@ -139,21 +153,22 @@ def run(opts: Options) -> list[Row]:
     shapes = QUICK if opts.quick else FULL
     pools = []
     for shape in shapes:
-        rates = alternate(
-            opts.rounds,
-            {
-                "runner": functools.partial(runner_rate, shape),
-                "pool": functools.partial(pool_rate, shape),
-            },
+        measures: dict[str, Callable[[], dict[str, float]]] = {
+            "runner": functools.partial(runner_costs, shape),
+            "pool": functools.partial(pool_costs, shape),
+        }
+        got = alternate(opts.rounds, measures)
+        spent, pool = got["runner"], [p["rate"] for p in got["pool"]]
+        ours = Series(
+            f"batch.Runner, {shape.jobs:,} jobs of {shape.per_job}", [c["rate"] for c in spent]
         )
-        ours = Series(f"batch.Runner, {shape.jobs:,} jobs of {shape.per_job}", rates["runner"])
         rows += [
             Figure(
                 "7",
                 f"{shape.name} vs thread pool",
                 "/s",
                 ours,
-                Series(f"ThreadPoolExecutor({shape.workers}), a commit per task", rates["pool"]),
+                Series(f"ThreadPoolExecutor({shape.workers}), a commit per task", pool),
                 Goal("ratio", ">=", 0.95),
             ),
             Figure(
@@ -161,11 +176,12 @@ def run(opts: Options) -> list[Row]:
                 f"  {shape.name} vs ideal",
                 "/s",
                 ours,
-                Series("workers / latency", [shape.ideal] * len(rates["runner"])),
+                Series("workers / latency", [shape.ideal] * opts.rounds),
                 Goal("ratio", ">=", 0.85),
             ),
+            cpu_row(f"  {shape.name}, CPU per target vs ideal's", spent, shape),
         ]
-        pools.append(rates["pool"])
+        pools.append(pool)
     shape = ASYNC_QUICK if opts.quick else ASYNC
     loops: list[Loop] = ["uvloop", "asyncio"] if importlib.util.find_spec("uvloop") else ["asyncio"]
     costs = alternate(
@@ -199,17 +215,8 @@ def run(opts: Options) -> list[Row]:
             Series(f"ThreadPoolExecutor({shapes[0].workers}), 50 ms", pools[0]),
         )
     )
-    # Why the ideal is out of reach: the CPU the process spends per target,
-    # against what one core (the interpreter's lock) can give each target at
-    # the ideal rate.
     rows += [
-        Figure(
-            "7",
-            f"  async on {LOOPS[loop]}, CPU per target vs ideal's",
-            "us",
-            Series("process CPU time / targets stored", [c["cpu"] for c in costs[loop]]),
-            Series("1 s / ideal rate", [1e6 / shape.ideal] * opts.rounds),
-        )
+        cpu_row(f"  async on {LOOPS[loop]}, CPU per target vs ideal's", costs[loop], shape)
         for loop in loops
     ]
     return rows
