@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import importlib.util
 import logging
 import threading
 from collections.abc import Awaitable, Callable
@@ -175,13 +176,10 @@ class LoopSleeper(Sleeper):
 def new_loop(choice: str) -> Callable[[], asyncio.AbstractEventLoop]:
     """What makes the event loop ``Config.loop`` names: uvloop's (for
     ``"auto"``, where it is installed) or asyncio's own."""
-    if choice != "asyncio":
-        try:
-            import uvloop  # noqa: PLC0415 - an optional extra, imported where used
-        except ImportError:
-            pass  # "auto" without it; "uvloop" without it is refused by Config
-        else:
-            return uvloop.new_event_loop
+    if choice != "asyncio" and importlib.util.find_spec("uvloop") is not None:
+        import uvloop  # noqa: PLC0415 - an optional extra, imported where used
+
+        return uvloop.new_event_loop
     return asyncio.new_event_loop
 
 

@@ -123,13 +123,9 @@ def cpu_row(what: str, costs: list[dict[str, float]], shape: Shape) -> Figure:
 
 
 def pool_costs(shape: Shape) -> dict[str, float]:
-    """:func:`pool_rate` as ``rate``, as :func:`runner_costs` gives it."""
-    return {"rate": pool_rate(shape)}
-
-
-def pool_rate(shape: Shape) -> float:
-    """Targets per second of ``ThreadPoolExecutor(shape.workers)``: each task
-    waits the latency, then commits its result."""
+    """Targets per second of ``ThreadPoolExecutor(shape.workers)`` as
+    ``rate`` (as :func:`runner_costs` gives it): each task waits the
+    latency, then commits its result."""
     with targets_table(shape.jobs, shape.per_job) as (conn, rows):
         lock = threading.Lock()
 
@@ -143,7 +139,7 @@ def pool_rate(shape: Shape) -> float:
                 pool.submit(task, row)
         rate = len(rows) / (time.perf_counter() - start)
         check_done(conn, rows)
-        return rate
+        return {"rate": rate}
 
 
 def run(opts: Options) -> list[Row]:

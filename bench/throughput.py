@@ -290,9 +290,9 @@ def rated(measure: Callable[[], float]) -> dict[str, float]:
 
 
 def picked(
-    got: dict[str, list[dict[str, float]]], key: str, name: str, what: str = "rate"
+    got: dict[str, list[dict[str, float]]], name: str, key: str, what: str = "rate"
 ) -> Series:
-    """The series ``name``: ``what`` of each of ``key``'s measures."""
+    """The series ``name``: ``what`` of each of ``key``'s measures in ``got``."""
     return Series(name, [r[what] for r in got[key]])
 
 
@@ -319,9 +319,7 @@ def run_postgres(opts: Options) -> list[Row]:
         measures[f"p{n}"] = functools.partial(rated, functools.partial(processes_rate, n, sizes))
     got = alternate(opts.rounds, measures)
 
-    def series(name: str, key: str, what: str = "rate") -> Series:
-        return picked(got, key, name, what)
-
+    series = functools.partial(picked, got)
     runner = ours(sizes)
     one = series("1 runner process", "p1")
     return [
@@ -376,10 +374,11 @@ def run(opts: Options) -> list[Row]:
     if huey_installed():
         measures["huey"] = functools.partial(rated, lambda: huey_rate(sizes.huey_tasks))
     got = alternate(max(opts.rounds, ROUNDS), measures)
+    series = functools.partial(picked, got)
     runner = ours(sizes)
 
     def against(what: str, key: str, name: str, goal: Goal | None) -> Figure:
-        return Figure("1", what, "/s", picked(got, "runner", runner), picked(got, key, name), goal)
+        return Figure("1", what, "/s", series(runner, "runner"), series(name, key), goal)
 
     rows: list[Row] = [
         against("runner vs raw SQLite, 1 row/commit", "raw", "raw SQLite, 4 threads", None),
@@ -390,8 +389,8 @@ def run(opts: Options) -> list[Row]:
             "1",
             "  CPU/target, runner vs naive",
             "us",
-            picked(got, "runner", runner, "client"),
-            picked(got, "executor", NAIVE, "client"),
+            series(runner, "runner", "client"),
+            series(NAIVE, "executor", "client"),
         ),
     ]
     if "huey" in got:
