@@ -296,6 +296,20 @@ def picked(
     return Series(name, [r[what] for r in got[key]])
 
 
+def cpu_per_target(
+    got: dict[str, list[dict[str, float]]], what: str, runner: str, where: str
+) -> Figure:
+    """The CPU the runner and the naive baseline each spent per target,
+    ``where`` (``client``: this process; ``server``: PostgreSQL's)."""
+    return Figure(
+        "1",
+        what,
+        "us",
+        picked(got, runner, "runner", where),
+        picked(got, NAIVE, "executor", where),
+    )
+
+
 #: The naive baseline, as its rows name it.
 NAIVE = "ThreadPoolExecutor(4), a commit per task"
 
@@ -331,20 +345,8 @@ def run_postgres(opts: Options) -> list[Row]:
             series(NAIVE, "executor"),
             Goal("ratio", ">=", 1.0),
         ),
-        Figure(
-            "1",
-            "client CPU/target, runner vs naive",
-            "us",
-            series(runner, "runner", "client"),
-            series(NAIVE, "executor", "client"),
-        ),
-        Figure(
-            "1",
-            "server CPU/target, runner vs naive",
-            "us",
-            series(runner, "runner", "server"),
-            series(NAIVE, "executor", "server"),
-        ),
+        cpu_per_target(got, "client CPU/target, runner vs naive", runner, "client"),
+        cpu_per_target(got, "server CPU/target, runner vs naive", runner, "server"),
         Figure(
             "1",
             "2 runner processes, one database",
@@ -385,13 +387,7 @@ def run(opts: Options) -> list[Row]:
         against("runner vs naive TPE+SQLite commits", "executor", NAIVE, Goal("ratio", ">=", 1.0)),
         # Where the naive pool's lead comes from: the CPU (the interpreter's
         # lock, mostly) each spends per target stored.
-        Figure(
-            "1",
-            "  CPU/target, runner vs naive",
-            "us",
-            series(runner, "runner", "client"),
-            series(NAIVE, "executor", "client"),
-        ),
+        cpu_per_target(got, "  CPU/target, runner vs naive", runner, "client"),
     ]
     if "huey" in got:
         rows.append(
