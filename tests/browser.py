@@ -18,9 +18,13 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 
 #: Chromium's flags: headless, as root, and quiet on a closed network (its
-#: background connections would be refused, many at a time).
+#: background connections would be refused, many at a time). ChromeDriver
+#: talks to it over a pipe, not a port it must wait for Chromium to write
+#: to a file (ChromeDriver's own advice: that wait is what failed, once, on
+#: a loaded machine).
 FLAGS = (
     "--headless=new",
+    "--remote-debugging-pipe",
     "--no-sandbox",
     "--disable-gpu",
     "--disable-dev-shm-usage",
@@ -50,19 +54,38 @@ def find() -> bool:
     return _there()
 
 
+#: How many times a Chromium that never opened its DevTools port (it hung or
+#: died at start, which a loaded machine now and then makes it do) is
+#: started again before the test fails with ChromeDriver's log.
+STARTS = 3
+
+
 @contextlib.contextmanager
 def chromium() -> Iterator[Any]:
     """A Selenium driver of a new headless Chromium, with a profile of its
     own; quit afterwards."""
     from selenium import webdriver  # noqa: PLC0415 - only the browser tests need it
+    from selenium.common.exceptions import SessionNotCreatedException  # noqa: PLC0415
     from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
 
-    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
-        options = webdriver.ChromeOptions()
-        options.binary_location = CHROMIUM
-        for flag in (*FLAGS, f"--user-data-dir={profile}"):
-            options.add_argument(flag)
-        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    with tempfile.TemporaryDirectory(prefix="chromium-") as scratch:
+        log = os.path.join(scratch, "chromedriver.log")
+        for start in range(1, STARTS + 1):
+            options = webdriver.ChromeOptions()
+            options.binary_location = CHROMIUM
+            profile = os.path.join(scratch, f"profile-{start}")
+            for flag in (*FLAGS, f"--user-data-dir={profile}"):
+                options.add_argument(flag)
+            service = Service(CHROMEDRIVER, service_args=["--verbose"], log_output=log)
+            try:
+                driver = webdriver.Chrome(service=service, options=options)
+                break
+            except SessionNotCreatedException as e:
+                if start == STARTS:
+                    with open(log, errors="replace") as f:
+                        tail = f.readlines()[-40:]
+                    e.msg = f"{e.msg}\nChromeDriver's log, last lines:\n{''.join(tail)}"
+                    raise
         try:
             yield driver
         finally:
