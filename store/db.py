@@ -95,6 +95,15 @@ class Tx(Protocol):
         has one writer at a time (SQLite): its rows need no lock of their own."""
         ...
 
+    def indexed(self, index: str) -> str:
+        """The clause that makes a SELECT read its table through ``index``,
+        placed after the table's name, where the engine's planner would
+        choose worse without statistics of the table (SQLite's ``INDEXED
+        BY``; a plan picked by a rule of thumb is the one query a table's
+        growth turns from microseconds to a scan). Empty where the planner
+        keeps statistics (PostgreSQL)."""
+        ...
+
     def try_lock(self, name: str) -> bool:
         """Take the lock of the work called ``name`` (``"evict"``,
         ``"clock"``) for this transaction if no other holds it, without
@@ -136,6 +145,9 @@ class _Traced:
 
     def locking(self, *, skip: bool = False) -> str:
         return self._tx.locking(skip=skip)
+
+    def indexed(self, index: str) -> str:
+        return self._tx.indexed(index)
 
     def try_lock(self, name: str) -> bool:
         return self._tx.try_lock(name)

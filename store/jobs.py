@@ -293,8 +293,11 @@ def evict_past(conn: Tx, max_bytes: int, total: int) -> tuple[list[str], int]:
         return evicted, 0
     left = total
     while left > max_bytes:
+        # Through jobs_evictable, in its order: SQLite would otherwise take
+        # jobs_ended for its status and sort every ended job (100,000 ended
+        # jobs: 17 ms an eviction instead of 35 us).
         row = conn.execute(
-            "SELECT id, nbytes FROM jobs"
+            f"SELECT id, nbytes FROM jobs{conn.indexed('jobs_evictable')}"
             f" WHERE status IN {TERMINAL_SQL}"
             f" ORDER BY touched_at, seq LIMIT 1{conn.locking(skip=True)}"
         ).fetchone()

@@ -778,6 +778,10 @@ class _Tx:
         another holds)."""
         return " FOR UPDATE SKIP LOCKED" if skip else " FOR UPDATE"
 
+    def indexed(self, index: str) -> str:
+        """Nothing: autovacuum keeps the planner's statistics."""
+        return ""
+
     def try_lock(self, name: str) -> bool:
         """Take the lock of ``name`` (``TRY_LOCKS``) for this transaction, if
         no other session holds it; never waits."""

@@ -3,6 +3,8 @@ between threads and handles."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import tempfile
 import threading
 from collections.abc import Callable
@@ -15,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import store
+from tests.helpers import trace
 from tests.jobs_helpers import (
     JOIN_TIMEOUT,
     TERMINAL,
@@ -299,3 +302,35 @@ def test_two_stores_write_concurrently(tmp_path: Path) -> None:
                     assert [t.status for t in job.targets] == ["done"] * ntargets
                     assert job.nbytes == per_job
             assert db.total_bytes() == 4 * njobs * per_job
+
+
+# -- eviction's plan ----------------------------------------------------------
+
+
+def test_eviction_reads_the_ended_jobs_in_its_own_order(tmp_path: Path, monkeypatch: Any) -> None:
+    """The least recently touched ended job comes from the index kept in
+    eviction's order, without sorting every ended job: the index of ended
+    jobs by status (for retention) must not win SQLite's plan, which it
+    does by SQLite's rules of thumb (a store of 100,000 ended jobs took
+    17 ms an eviction instead of 35 us). SQLite only: PostgreSQL's planner
+    decides by the table's statistics, and evicts in a function of its own."""
+    path = tmp_path / "s.db"
+    with store.open(str(path)) as db:
+        ids = [f"job-{i}" for i in range(3)]
+        db.create_jobs("alice", [(job_id, ["a"]) for job_id in ids])
+        db.store_targets(
+            [
+                store.TargetOutcome(
+                    job_id, 0, store.TargetState.DONE, result='"x"', job_status=store.JobStatus.DONE
+                )
+                for job_id in ids
+            ]
+        )
+        seen = trace(db, monkeypatch)
+        assert db.evict(0) == ids
+    picks = [s.split(" ()")[0] for s in seen if s.startswith("SELECT id, nbytes FROM jobs")]
+    assert picks, seen
+    with contextlib.closing(sqlite3.connect(path)) as raw:
+        plan = " ".join(row[-1] for row in raw.execute("EXPLAIN QUERY PLAN " + picks[0]))
+    assert "USING INDEX jobs_evictable" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
