@@ -83,8 +83,9 @@ GAP_POLL = 0.002
 GAP_TIMEOUT = 30.0
 #: Events read in one transaction at most.
 READ_ROWS = 1000
-#: Events a feed keeps in memory for its watchers; one that falls further
-#: behind reads the store.
+#: Events a feed keeps in memory at most for its watchers, those some watch
+#: has yet to read (what every watch read is let go); one that falls
+#: further behind reads the store.
 RECENT = 10_000
 
 _SELECT = "SELECT seq, kind, id, at, data FROM events"
@@ -133,7 +134,9 @@ class Feed:
     for those at or below ``_unsettled[0]`` while that is not None: read,
     or missing for good), ``_recent`` (the events read last, up to
     ``_seq``, in order), ``_from`` (every settled event above it is in
-    ``_recent``), ``_watchers``, ``_thread`` (the reading thread; another
+    ``_recent``), ``_read_to`` (by the id of each open watch, the last
+    number it was given: ``_recent`` keeps none that every watch has),
+    ``_watchers``, ``_thread`` (the reading thread; another
     one left over from before stops at its next look), ``_woken`` (a
     notice came), ``_told`` (the events notices carried, above ``_seq``),
     ``_look`` (a read of the store is due), ``_missing_since`` (when the
@@ -150,6 +153,7 @@ class Feed:
         self._woke = threading.Condition(lock)
         self._seq = self._from = 0
         self._recent: collections.deque[Event] = collections.deque(maxlen=RECENT)
+        self._read_to: dict[int, int] = {}
         self._watchers = 0
         self._thread: threading.Thread | None = None
         self._woken = False
@@ -180,7 +184,10 @@ class Feed:
         # reader started (one may be held open for long, as a stopped
         # process holds it); an event of theirs below the start is not told
         # to a watch from now (``Store.watch`` says so).
-        return Watch(self, start if since is None else since, timeout)
+        watch = Watch(self, start if since is None else since, timeout)
+        with self._cond:
+            self._read_to[id(watch)] = watch.seq
+        return watch
 
     def close(self) -> None:
         """The store closed: every watch raises ``StoreError``, the thread stops."""
@@ -207,7 +214,9 @@ class Feed:
                 ready = self._unsettled is None or seq >= self._unsettled[0]
                 if ready and self._seq > seq:
                     if seq >= self._from:
-                        return _after(self._recent, seq)
+                        given = _after(self._recent, seq)
+                        self._read_to[id(watch)] = given[-1].seq
+                        return given
                     upto = self._seq
                     break
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -257,6 +266,7 @@ class Feed:
             if not watch.open:
                 return
             watch.open = False
+            self._read_to.pop(id(watch), None)
             self._cond.notify_all()
         self._drop()
 
@@ -305,11 +315,15 @@ class Feed:
 
     def _add(self, settled: list[Event]) -> None:
         """Keep ``settled`` (the events after ``_seq``, in order) for the
-        watchers (lock held)."""
-        self._recent.extend(settled)
+        watchers, and let go of those every watch was given (lock held)."""
+        recent = self._recent
+        recent.extend(settled)
         self._seq = settled[-1].seq
-        if len(self._recent) == self._recent.maxlen:
-            self._from = self._recent[0].seq - 1
+        if len(recent) == recent.maxlen:
+            self._from = recent[0].seq - 1
+        read = min(self._read_to.values(), default=self._seq)
+        while recent and recent[0].seq <= read:
+            self._from = recent.popleft().seq
         self._cond.notify_all()
 
     def _read(self) -> None:

@@ -3,9 +3,11 @@ commit order, resumable, pruned by age; on both engines."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
+import tracemalloc
 
 import pytest
 from hypothesis import given
@@ -398,3 +400,33 @@ def test_a_number_missing_too_long_is_passed_over(caplog: pytest.LogCaptureFixtu
     settled, gap = store_events._settle(1, events, (5, 0), gap, store_events.GAP_TIMEOUT)
     assert (settled, gap) == (events, None)
     assert "number 2 still missing" in caplog.text
+
+
+def test_watches_at_their_own_pace_each_get_every_event_and_read_ones_are_let_go(
+    db: store.Store,
+) -> None:
+    """One watch keeps up, one reads nothing until the end, one starts from
+    0: each gets every event once, in order. What every open watch has
+    been given is not kept in memory (a runner that waited on a job once
+    watches for good; 2,000 events held are more than a MiB)."""
+    n = 2_000
+    tracemalloc.start(10)
+    try:
+        with db.watch() as keen, db.watch() as late:
+            made = [f"j{k:05}" for k in range(n)]
+            for first in range(0, n, 500):
+                db.create_jobs("alice", [(job_id, []) for job_id in made[first : first + 500]])
+                assert [e.id for e in take(keen, 500)] == made[first : first + 500]
+            assert [e.id for e in take(late, n)] == made
+            with db.watch(since=0) as again:
+                assert [e.id for e in take(again, n)] == made
+            db.create_job("last", "alice", [])  # the next read lets go of those all three read
+            assert take(keen, 1)[0].id == take(late, 1)[0].id == "last"
+            gc.collect()
+            held = tracemalloc.take_snapshot().filter_traces(
+                [tracemalloc.Filter(True, store_events.__file__, all_frames=True)]
+            )
+            kept = sum(stat.size for stat in held.statistics("filename"))
+            assert kept < 128 * 1024, f"{kept:,} bytes of events kept"
+    finally:
+        tracemalloc.stop()
