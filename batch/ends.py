@@ -3,8 +3,10 @@
 (``batch.waits``), instead of looking at the store again and again.
 
 One thread per runner watches the store (``Store.watch``) from the first
-such wait until the runner closes, and at each ``job.ended`` of a job
-waited for tells its waiters (``State.changed``). A job's end is seen as
+wait that finds such a job live until the runner closes, and at each
+``job.ended`` of a job waited for tells its waiters (``State.changed``);
+a runner whose waits only ever find jobs it holds, or jobs ended
+already, reads no events. A job's end is seen as
 soon as its event is: on PostgreSQL as its notice arrives, on SQLite
 within the store's poll.
 """
@@ -45,6 +47,12 @@ class Ends:
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self.told = 0
+
+    @property
+    def watching(self) -> bool:
+        """Whether the thread was started (ends committed since are told)."""
+        with self._lock:
+            return self._watch is not None
 
     def start(self) -> None:
         """Watch from now on, if not watching yet: an end committed after

@@ -13,8 +13,9 @@ every :data:`WAIT_POLL` seconds, should the watching fail.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TypeVar
 
 import store
@@ -27,6 +28,7 @@ from .states import LIVE_JOB
 __all__ = ["WAIT_POLL", "ended", "ended_async", "loop_deadline"]
 
 C = TypeVar("C")
+T = TypeVar("T")
 
 #: Seconds between looks at the store for a job another runner holds, in
 #: case the store's events fail to tell its end.
@@ -46,8 +48,7 @@ def ended(s: State[C], owner: str, ids: Collection[str], deadline: float, what: 
             if elsewhere:
                 told = s.ends.told
                 with unlocked(s.lock), store_failed():
-                    s.ends.start()
-                    rows = {r.id: r for r in s.store.list_jobs(ids=elsewhere, owner=owner)}
+                    rows = _watched(s, functools.partial(_listed, s, elsewhere, owner), _any_live)
                 for job_id in elsewhere:
                     if job_id not in rows:
                         raise JobNotFound(f"no job {job_id!r}")
@@ -121,8 +122,29 @@ async def ended_async(s: State[C], owner: str, job_id: str, deadline: float) -> 
 
 def _look(s: State[C], job_id: str, owner: str) -> store.JobStatus | None:
     """The status of a job another runner holds, once its end would be told."""
-    s.ends.start()
-    return s.store.job_status(job_id, owner)
+    return _watched(s, lambda: s.store.job_status(job_id, owner), lambda status: status in LIVE_JOB)
+
+
+def _listed(s: State[C], ids: list[str], owner: str) -> dict[str, store.JobSummary]:
+    return {r.id: r for r in s.store.list_jobs(ids=ids, owner=owner)}
+
+
+def _any_live(rows: dict[str, store.JobSummary]) -> bool:
+    return any(r.status in LIVE_JOB for r in rows.values())
+
+
+def _watched(s: State[C], read: Callable[[], T], live: Callable[[T], bool]) -> T:
+    """What ``read`` finds of jobs another runner may hold, read while the
+    runner's events are watched should one of them be ``live``: an end
+    committed after the read is then told (``Ends``). Watching starts only
+    then, and the store is read again once it has (an end between the two
+    reads is in the second): waits that find only ended jobs start none."""
+    watching = s.ends.watching
+    found = read()
+    if not watching and live(found):
+        s.ends.start()
+        found = read()
+    return found
 
 
 def _not_held(s: State[C], owner: str, ids: Collection[str]) -> list[str]:

@@ -441,8 +441,9 @@ def test_an_end_between_a_waiters_look_and_its_wait_is_not_missed(
     location: str, monkeypatch: pytest.MonkeyPatch, runner: MakeRunner
 ) -> None:
     """The job another runner holds ends, and its end is told, right after
-    the waiter looked at the store and before it waits: the waiter sees
-    that an end was told since its look, and looks again."""
+    the waiter looked at the store (watching its events by then) and
+    before it waits: the waiter sees that an end was told since its look,
+    and looks again."""
     monkeypatch.setattr(batch.waits, "WAIT_POLL", NEVER)
     with held_elsewhere(location, runner) as (here, asking, job_id, script):
         ends = asking._s.ends
@@ -455,22 +456,45 @@ def test_an_end_between_a_waiters_look_and_its_wait_is_not_missed(
                 told.set()
 
         monkeypatch.setattr(ends, "_tell", tell)
-        looks = 0
+        ended = False
 
-        def end_after_the_first_look() -> None:
-            nonlocal looks
-            looks += 1
-            if looks == 1:
+        def end_after_the_first_watched_look() -> None:
+            nonlocal ended
+            if ends.watching and not ended:
+                ended = True
                 script.release("far")
                 assert told.wait(TIMEOUT)
 
-        monkeypatch.setattr(here, "list_jobs", _then(here.list_jobs, end_after_the_first_look))
+        monkeypatch.setattr(
+            here, "list_jobs", _then(here.list_jobs, end_after_the_first_watched_look)
+        )
         waited: list[batch.Job] = []
         waiter = threading.Thread(target=lambda: waited.append(asking.wait(ALICE, job_id, NEVER)))
         waiter.start()
         waiter.join(TIMEOUT)
         assert not waiter.is_alive()
     assert [job.status for job in waited] == ["done"]
+
+
+@pytest.mark.parametrize("how", ["wait", "as_completed", "wait_async"])
+def test_a_wait_that_finds_the_job_ended_watches_no_events(
+    location: str, runner: MakeRunner, how: str
+) -> None:
+    """A wait through a runner that does not hold the job, which finds it
+    ended already, returns it and leaves the runner reading no events (a
+    watch reads every event of the store, for as long as the runner
+    lives)."""
+    with held_elsewhere(location, runner) as (here, asking, job_id, script):
+        with here.watch(since=0, timeout=TIMEOUT) as events:
+            script.release("far")
+            assert any(e.kind == "job.ended" and e.id == job_id for e in events)
+        if how == "wait":
+            assert asking.wait(ALICE, job_id, TIMEOUT).status == "done"
+        elif how == "as_completed":
+            assert [j.status for j in asking.as_completed(ALICE, [job_id], TIMEOUT)] == ["done"]
+        else:
+            assert asyncio.run(asking.wait_async(ALICE, job_id, timeout=TIMEOUT)).status == "done"
+        assert not asking._s.ends.watching
 
 
 def _then(call: Any, after: Any) -> Any:
