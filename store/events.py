@@ -216,8 +216,6 @@ class Feed:
                     if seq >= self._from:
                         given = _after(self._recent, seq)
                         self._read_to[id(watch)] = given[-1].seq
-                        if self._recent[0].seq <= seq + 1:  # it may have been the last to read them
-                            self._let_go()
                         return given
                     upto = self._seq
                     break
@@ -323,15 +321,10 @@ class Feed:
         self._seq = settled[-1].seq
         if len(recent) == recent.maxlen:
             self._from = recent[0].seq - 1
-        self._let_go()
-        self._cond.notify_all()
-
-    def _let_go(self) -> None:
-        """Keep no event every open watch was given (lock held)."""
         read = min(self._read_to.values(), default=self._seq)
-        recent = self._recent
         while recent and recent[0].seq <= read:
             self._from = recent.popleft().seq
+        self._cond.notify_all()
 
     def _read(self) -> None:
         me = threading.current_thread()
