@@ -13,9 +13,8 @@ every :data:`WAIT_POLL` seconds, should the watching fail.
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import TypeVar
 
 import store
@@ -28,7 +27,6 @@ from .states import LIVE_JOB
 __all__ = ["WAIT_POLL", "ended", "ended_async", "loop_deadline"]
 
 C = TypeVar("C")
-T = TypeVar("T")
 
 #: Seconds between looks at the store for a job another runner holds, in
 #: case the store's events fail to tell its end.
@@ -48,7 +46,7 @@ def ended(s: State[C], owner: str, ids: Collection[str], deadline: float, what: 
             if elsewhere:
                 told = s.ends.told
                 with unlocked(s.lock), store_failed():
-                    rows = _watched(s, functools.partial(_listed, s, elsewhere, owner), _any_live)
+                    rows = _watched(s, elsewhere, owner)
                 for job_id in elsewhere:
                     if job_id not in rows:
                         raise JobNotFound(f"no job {job_id!r}")
@@ -122,29 +120,22 @@ async def ended_async(s: State[C], owner: str, job_id: str, deadline: float) -> 
 
 def _look(s: State[C], job_id: str, owner: str) -> store.JobStatus | None:
     """The status of a job another runner holds, once its end would be told."""
-    return _watched(s, lambda: s.store.job_status(job_id, owner), lambda status: status in LIVE_JOB)
+    row = _watched(s, [job_id], owner).get(job_id)
+    return None if row is None else row.status
 
 
-def _listed(s: State[C], ids: list[str], owner: str) -> dict[str, store.JobSummary]:
-    return {r.id: r for r in s.store.list_jobs(ids=ids, owner=owner)}
-
-
-def _any_live(rows: dict[str, store.JobSummary]) -> bool:
-    return any(r.status in LIVE_JOB for r in rows.values())
-
-
-def _watched(s: State[C], read: Callable[[], T], live: Callable[[T], bool]) -> T:
-    """What ``read`` finds of jobs another runner may hold, read while the
-    runner's events are watched should one of them be ``live``: an end
+def _watched(s: State[C], ids: list[str], owner: str) -> dict[str, store.JobSummary]:
+    """``owner``'s jobs of ``ids`` as the store has them, by id, read while
+    the runner's events are watched should one of them be live: an end
     committed after the read is then told (``Ends``). Watching starts only
     then, and the store is read again once it has (an end between the two
     reads is in the second): waits that find only ended jobs start none."""
     watching = s.ends.watching
-    found = read()
-    if not watching and live(found):
+    rows = {r.id: r for r in s.store.list_jobs(ids=ids, owner=owner)}
+    if not watching and any(r.status in LIVE_JOB for r in rows.values()):
         s.ends.start()
-        found = read()
-    return found
+        rows = {r.id: r for r in s.store.list_jobs(ids=ids, owner=owner)}
+    return rows
 
 
 def _not_held(s: State[C], owner: str, ids: Collection[str]) -> list[str]:

@@ -83,9 +83,9 @@ GAP_POLL = 0.002
 GAP_TIMEOUT = 30.0
 #: Events read in one transaction at most.
 READ_ROWS = 1000
-#: Events a feed keeps in memory at most for its watchers, those some watch
-#: has yet to read (what every watch read is let go); one that falls
-#: further behind reads the store.
+#: Events a feed keeps in memory at most for its watchers (at each read of
+#: the store it lets go of those every open watch was given); one that
+#: falls further behind reads the store.
 RECENT = 10_000
 
 _SELECT = "SELECT seq, kind, id, at, data FROM events"
@@ -135,7 +135,8 @@ class Feed:
     or missing for good), ``_recent`` (the events read last, up to
     ``_seq``, in order), ``_from`` (every settled event above it is in
     ``_recent``), ``_read_to`` (by the id of each open watch, the last
-    number it was given: ``_recent`` keeps none that every watch has),
+    number it was given: each read of the store lets go of the events of
+    ``_recent`` every watch has),
     ``_watchers``, ``_thread`` (the reading thread; another
     one left over from before stops at its next look), ``_woken`` (a
     notice came), ``_told`` (the events notices carried, above ``_seq``),

@@ -54,7 +54,7 @@ def find() -> bool:
     return _there()
 
 
-#: How many times a Chromium that never opened its DevTools port (it hung or
+#: How many times a Chromium that never answered ChromeDriver (it hung or
 #: died at start, which a loaded machine now and then makes it do) is
 #: started again before the test fails with ChromeDriver's log.
 STARTS = 3
