@@ -17,12 +17,12 @@ from .errors import NotFound
 from .fence import fenced, lease_args
 from .shapes import JobRow, JobSummary, Later, Lease, TargetRow
 from .states import (
+    ENDED_SQL,
     JOB_STATUSES,
     LIVE_JOB,
     LIVE_SQL,
     TARGET_STATES,
     TERMINAL_JOB,
-    TERMINAL_SQL,
     JobStatus,
     TargetState,
     ended_status,
@@ -298,7 +298,7 @@ def evict_past(conn: Tx, max_bytes: int, total: int) -> tuple[list[str], int]:
         # jobs: 17 ms an eviction instead of 35 us).
         row = conn.execute(
             f"SELECT id, nbytes FROM jobs{conn.indexed('jobs_evictable')}"
-            f" WHERE status IN {TERMINAL_SQL}"
+            f" WHERE {ENDED_SQL}"
             f" ORDER BY touched_at, seq LIMIT 1{conn.locking(skip=True)}"
         ).fetchone()
         if row is None:
@@ -315,11 +315,6 @@ def evict_past(conn: Tx, max_bytes: int, total: int) -> tuple[list[str], int]:
 #: million jobs is many short transactions, none holding much for long.
 PRUNE_BATCH = 500
 
-#: The condition of the index of ended jobs (``jobs_ended``), repeated in
-#: the queries meant to use it: neither engine's planner can tell that
-#: ``status = ?`` implies it, and without it they scan every job.
-_ENDED = "status IN ('done', 'failed', 'partial', 'cancelled')"
-
 
 def prune(conn: Tx, status: JobStatus, older_than: float, limit: int) -> int:
     """Delete at most ``limit`` jobs that ended ``status`` (their last change)
@@ -328,7 +323,10 @@ def prune(conn: Tx, status: JobStatus, older_than: float, limit: int) -> int:
     their bytes leave the total. A job another transaction holds is passed
     over. Returns how many were deleted."""
     rows = conn.execute(
-        f"SELECT id, nbytes FROM jobs WHERE {_ENDED} AND status = ? AND updated_at < ?"
+        # ENDED_SQL, the condition of jobs_ended: a plan made before the
+        # status is known (PostgreSQL's generic plan) cannot tell that
+        # ``status = ?`` implies it, and would scan every job.
+        f"SELECT id, nbytes FROM jobs WHERE {ENDED_SQL} AND status = ? AND updated_at < ?"
         f" ORDER BY updated_at LIMIT ?{conn.locking(skip=True)}",
         (status, conn.now - older_than, limit),
     ).fetchall()

@@ -587,6 +587,10 @@ UPGRADES: tuple[tuple[str, ...], ...] = (
         EXECUTE FUNCTION store_job_after_ended()
         """,
     ),
+    # SQLite's step spells its per-row tests as chains of ``=``; PostgreSQL
+    # tests an IN list as cheaply, and proves a query's chain implies the
+    # ``IN`` of its partial indexes: nothing changes.
+    (),
 )
 assert SCHEMA_VERSION + len(UPGRADES) == VERSION
 

@@ -4,6 +4,10 @@ store's clock, moved by the test."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+from pathlib import Path
+
 import pytest
 
 import batch
@@ -49,6 +53,28 @@ def test_prune_deletes_what_ended_longer_ago_in_the_statuses_given(
     assert ids(db) == ["live"]
     assert db.total_bytes() == 0
     assert db.get_job("live", "alice") is not None
+
+
+def test_prune_reads_the_jobs_of_a_status_through_the_index_of_ended_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The jobs of a status that ended longest ago come from the index of
+    ended jobs, in its order, not from a scan of every job. SQLite only:
+    PostgreSQL's planner picks by the table's statistics."""
+    path = tmp_path / "s.db"
+    with store.open(str(path)) as db:
+        for status in TERMINAL:
+            terminal_job(db, f"old-{status}", 10, status)
+        seen: list[tuple[str, object]] = []
+        monkeypatch.setattr(db, "tracer", lambda sql, args: seen.append((sql, args)))
+        assert db.prune(0, ["done"]) == 1
+    picks = [(sql, args) for sql, args in seen if sql.startswith("SELECT id, nbytes FROM jobs")]
+    assert picks, seen
+    sql, args = picks[0]
+    with contextlib.closing(sqlite3.connect(path)) as raw:
+        plan = " ".join(row[-1] for row in raw.execute("EXPLAIN QUERY PLAN " + sql, args))
+    assert "USING INDEX jobs_ended" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
 
 
 def test_prune_goes_in_batches_and_stops_at_its_limit(
