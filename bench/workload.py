@@ -122,10 +122,13 @@ class Tally(batch.Hooks):
         self._check()
 
     def _check(self) -> None:
-        if self._until is not None:
+        # The awaited point is looked at without the tally's lock: the
+        # waiter holds it from its own look until it waits, so a hook that
+        # sees the point reached notifies once it waits.
+        until = self._until
+        if until is not None and until():
             with self._cond:
-                if self._until is not None and self._until():
-                    self._cond.notify_all()
+                self._cond.notify_all()
 
     def wait_until(self, reached: Callable[[], bool], timeout: float = PATIENCE) -> None:
         """Block until ``reached()`` (read under the tally's lock) is true;
