@@ -184,6 +184,16 @@ def test_an_older_store_is_brought_forward_keeping_its_data(location: str) -> No
         assert job_of(db, "j1").status == "running"
         (summary,) = db.list_jobs()
         assert (summary.done, summary.failed, summary.pending) == (1, 1, 1)
+        with db.watch() as watch:
+            db.store_target("j1", 2, store.TargetState.DONE, result='"c"')
+            event = watch.get(10.0)
+        assert event is not None
+        assert (event.kind, event.id, event.data) == (
+            "target.stored",
+            "j1",
+            {"pos": 2, "status": "done"},
+        )
+        assert [t.result for t in job_of(db, "j1").targets] == [None, None, '"c"']
         run = db.submit_run([store.Step("s", "exec", {"linux"})])
         assert run.state == "RUNNING"
         db.advertise(store.Advert("n2", "gpu-box", {"gpu"}))
