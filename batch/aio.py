@@ -89,7 +89,6 @@ class Workers(Generic[C]):
             with s.lock:
                 if job is not None and outcome is not None:
                     commit.finished(s, job, outcome)
-                    s.writes.notify()
                 job = None if s.closed else worker.take(s)
                 if job is None:
                     if s.closed:

@@ -78,8 +78,9 @@ class State(Generic[C]):
       it too (``commit``), so that close ends that wait at once; a job
       ending meanwhile only brings the next try forward.
     - ``writes``: an async runner's writer thread waits for outcomes to
-      record. Notified when a fetch's outcome joins ``finished``, and on
-      close.
+      record, and the group commit for quick fetches about to finish
+      (``commit.gather``). Notified when a fetch's outcome joins
+      ``finished``, and on close.
     - ``chores``: the keeper thread waits for its next beat. Notified when a
       job starts (its ``running`` is to be stored), when an upstream is
       paced for the first time or a busy answer holds one (the store's
@@ -150,6 +151,10 @@ class State(Generic[C]):
         # Fetches done, outcome not recorded yet (see commit.record).
         self.finished: list[tuple[LiveJob[C], Outcome]] = []
         self.writing = False
+        # How long a fetch takes, as a moving average (seconds, by the
+        # system's clock): whether the group commit waits for fetches in
+        # flight (commit.gather).
+        self.fetch_seconds = 0.0
         # Jobs whose first target started, to be stored running: by the next
         # batch, or by the keeper within START_DELAY.
         self.starting: list[LiveJob[C]] = []

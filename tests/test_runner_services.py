@@ -757,3 +757,47 @@ def test_without_uvloop_auto_is_asyncio_and_uvloop_refused(
 def test_an_unknown_loop_is_refused() -> None:
     with pytest.raises(ValueError, match="'auto', 'asyncio' or 'uvloop'"):
         batch.Config(loop="trio")
+
+
+# -- the group commit ----------------------------------------------------------------
+
+
+def test_outcomes_of_quick_fetches_in_flight_share_one_commit(
+    db: store.Store, runner: MakeRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch about to be written waits for quick fetches still in flight,
+    and stores their outcomes with its own in one commit: three jobs'
+    fetches run together; the first returns at once, the other two only
+    once its outcome waits to be recorded. Without the wait, the first is
+    written alone."""
+    monkeypatch.setattr(batch.commit, "GATHER_FOR", TIMEOUT)  # no bound to reach
+    batches: list[int] = []
+    real = db.store_targets
+
+    def store_targets(outcomes: Any, **kwargs: Any) -> store.Stored:
+        batches.append(len(outcomes))
+        return real(outcomes, **kwargs)
+
+    monkeypatch.setattr(db, "store_targets", store_targets)
+    together = threading.Barrier(3, timeout=TIMEOUT)
+    first_back = threading.Event()
+
+    class Told(batch.Hooks):
+        most = 0
+
+        def inflight(self, n: int) -> None:
+            if n < self.most:
+                first_back.set()  # the first fetch is back: its outcome waits
+            self.most = max(self.most, n)
+
+    def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
+        together.wait()
+        if target.ref != "first":
+            assert first_back.wait(TIMEOUT)
+        return target.ref
+
+    with runner(db, fetch, Told(), workers=3) as r:
+        ids = r.submit_many(ALICE, [["first"], ["second"], ["third"]])
+        for job_id in ids:
+            assert r.wait(ALICE, job_id, TIMEOUT).status == "done"
+    assert batches == [3]
