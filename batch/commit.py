@@ -4,7 +4,6 @@ transaction each, with the runner's lock released while the store writes."""
 from __future__ import annotations
 
 import logging
-import time
 from typing import TypeVar
 
 import store
@@ -101,14 +100,8 @@ def gather(s: State[C]) -> None:
     costs about what either did alone. Slower fetches are not waited for:
     a commit that waited for them would hold up the outcomes in hand.
     """
-    if s.fetch_seconds >= GATHER_FOR:
-        return
-    until = time.monotonic() + GATHER_FOR
-    while _coming(s):
-        left = until - time.monotonic()
-        if left <= 0:
-            return
-        s.writes.wait(left)
+    if s.fetch_seconds < GATHER_FOR:
+        s.writes.wait_for(lambda: not _coming(s), GATHER_FOR)
 
 
 def _coming(s: State[C]) -> bool:
@@ -116,8 +109,10 @@ def _coming(s: State[C]) -> bool:
     job can start and an idle worker is there to take it."""
     if s.closed:
         return False
+    if s.inflight:
+        return True
     idle = s.idle.sleeping or s.idle.waking
-    return bool(s.inflight) or bool(idle and s.rotation.ready(s.clock.monotonic()))
+    return bool(idle) and s.rotation.ready(s.clock.monotonic())
 
 
 def _ended(s: State[C], job: LiveJob[C], outcome: Outcome, now: float) -> Outcome | None:
