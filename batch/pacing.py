@@ -260,12 +260,18 @@ class Pace:
         if self.limit.adaptive:
             self._learn(now, seconds)
 
-    def starved(self) -> bool:
-        """Whether its share lets none of its targets start (no slot, or none
-        of the rate) while the store was last told it wants none: then a
-        sync, telling the jobs that want it now, may give it one. (The store
-        told it wants some and gave none: the next sync rebalances.)"""
-        return self.limited and not self.told and (self.slots == 0 or self.share_rate == 0)
+    def starved(self, now: float) -> bool:
+        """Whether none of its targets may start at ``now`` until a sync (its
+        share is unknown or lapsed, or lets none start: no slot, none of the
+        rate) while the store was last told it wants none: then a sync,
+        telling the jobs that want it now, may give it one. (The store told
+        it wants some and gave none: the next sync rebalances.) An upstream
+        met while paused, say, was synced wanting none, and has no share."""
+        return (
+            self.limited
+            and not self.told
+            and (now >= self.share_until or self.slots == 0 or self.share_rate == 0)
+        )
 
     def idle(self, now: float) -> bool:
         """Whether it may be forgotten at ``now`` (see ``FORGET_AFTER``)."""
@@ -433,7 +439,16 @@ class Paces:
     with its traceback.
     """
 
-    __slots__ = ("_limits", "_paces", "_upstream", "fresh", "jitter", "news", "retry_wait")
+    __slots__ = (
+        "_limits",
+        "_paces",
+        "_upstream",
+        "fresh",
+        "jitter",
+        "met",
+        "news",
+        "retry_wait",
+    )
 
     def __init__(
         self,
@@ -449,6 +464,9 @@ class Paces:
         self.jitter = jitter
         # A pace made, or a hold of its own, since the last sync: sync soon.
         self.fresh = False
+        # Upstreams met (a pace made) since the last sync: the store keeps
+        # their names, so that a pause may name them (``store.pauses``).
+        self.met: list[str] = []
         # Holds begun and ended, for the hooks, in order: (upstream, seconds
         # held, or None once released).
         self.news: list[tuple[str, float | None]] = []
@@ -489,4 +507,5 @@ class Paces:
             limit = self._limits.get(name) or self._limits.get("*") or Limit()
             pace = self._paces[name] = Pace(name, limit, self.retry_wait, now)
             self.fresh = True
+            self.met.append(name)
         return pace

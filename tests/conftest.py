@@ -19,11 +19,34 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis.internal.conjecture import engine as hypothesis_engine
 
 import batch
 import store
 from tests import pgserver
 from tests.helpers import TEMPLATE, Clock, MakeRunner, as_async, fresh
+
+#: Seconds a failing Hypothesis example may shrink (Hypothesis's own bound
+#: is five minutes). The models' examples are costly (a store, a runner's
+#: threads, and a failing one waits out the harness's timeout each time it
+#: is replayed): a minute of shrinking keeps the report of a failure well
+#: inside the test's own timeout; ``SHRINK_SECONDS=300`` shrinks longer.
+SHRINK_SECONDS = int(os.environ.get("SHRINK_SECONDS", "60"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def shrinking_bounded() -> Iterator[None]:
+    """Bound the time a failing example shrinks (see ``SHRINK_SECONDS``):
+    Hypothesis has no setting for it, only this module constant."""
+    if not hasattr(hypothesis_engine, "MAX_SHRINKING_SECONDS"):
+        yield
+        return
+    before = hypothesis_engine.MAX_SHRINKING_SECONDS
+    hypothesis_engine.MAX_SHRINKING_SECONDS = SHRINK_SECONDS
+    try:
+        yield
+    finally:
+        hypothesis_engine.MAX_SHRINKING_SECONDS = before
 
 
 @pytest.fixture
@@ -91,12 +114,16 @@ def runner(request: pytest.FixtureRequest) -> MakeRunner:
     takes it runs on both kinds."""
 
     def make(
-        db: store.Store, fetch: Any, hooks: batch.Hooks | None = None, **config: Any
+        db: store.Store,
+        fetch: Any,
+        hooks: batch.Hooks | None = None,
+        clock: batch.clock.Clock | None = None,
+        **config: Any,
     ) -> batch.Runner[Any]:
         config.setdefault("retry_wait", 0.01)
         if request.param == "async":
             fetch = as_async(fetch)
-        return batch.Runner(db, fetch, batch.Config(**config), hooks)
+        return batch.Runner(db, fetch, batch.Config(**config), hooks, clock=clock)
 
     return make
 

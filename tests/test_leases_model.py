@@ -33,7 +33,6 @@ from unittest import mock
 import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.internal.conjecture import engine as hypothesis_engine
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -629,11 +628,7 @@ def test_leases_against_the_model(
     fresh_location: Callable[[], contextlib.AbstractContextManager[str]],
     request: pytest.FixtureRequest,
 ) -> None:
-    # A failing example shrinks for a minute at most (examples are costly:
-    # a store each), so that it is reported well within the timeout.
     with contextlib.ExitStack() as stack:
-        if hasattr(hypothesis_engine, "MAX_SHRINKING_SECONDS"):
-            stack.enter_context(mock.patch.object(hypothesis_engine, "MAX_SHRINKING_SECONDS", 60))
         stack.enter_context(mock.patch.object(LeaseMachine, "fresh", fresh_location, create=True))
         # A store costs ten times more on PostgreSQL (a database each, and a
         # round trip per statement): fewer examples there, the same rules.

@@ -18,6 +18,7 @@ import queue
 import tempfile
 import uuid
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +165,8 @@ class RunnerMachine(RuleBasedStateMachine):
             caller = CALLERS[job.caller]
             assert eventually(
                 lambda job=job, caller=caller: (
-                    self.runner.explain(caller, job.id)["state"] not in ("later", "elsewhere")
+                    self.runner.explain(caller, job.id)["state"]
+                    not in ("later", "elsewhere", "waiting")
                 )
             ), f"{job.key} was due and never taken"
             self.model.release(job)
@@ -597,11 +599,16 @@ class AsyncUpstreamWorkersMachine(UpstreamMachine):
 #: ``retry_for``.
 LAST_TICK = 250
 
+#: Bounded so that a failure is reported inside the test's own timeout: at
+#: most this many examples, each step within the deadline (a step waits on
+#: the runner for TIMEOUT at most: longer is a hang), and shrinking for at
+#: most ``conftest.SHRINK_SECONDS``.
 SETTINGS = settings(
     max_examples=examples(130),
     stateful_step_count=50,
-    deadline=None,
+    deadline=timedelta(seconds=6 * TIMEOUT),
     suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
 )
 
 RunnerMachine.TestCase.settings = SETTINGS
