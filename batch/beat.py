@@ -93,13 +93,7 @@ def beat(s: State[C], resume: Resume) -> bool:
         if s.closed:
             return True  # what it took is released when the runner retires
         s.valid_until = started + lapse
-        if s.pause_changes == pause_changes:
-            s.pause(
-                frozenset(
-                    [("caller", name) for name in got.paused.callers]
-                    + [("upstream", name) for name in got.paused.upstreams]
-                )
-            )
+        s.paused_in_store(got.paused, pause_changes)
         s.wake_worker()
         for job in s.rotation:
             if job.id not in known or job.lost:

@@ -257,13 +257,20 @@ async def _stream(
 
 
 def serve(
-    location: str, *, host: str = "127.0.0.1", port: int = 8000, allow_cancel: bool = False
+    location: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    allow_cancel: bool = False,
+    opened: Callable[[store.Store], None] = lambda db: None,
 ) -> None:
     """Open the store at ``location`` and serve its dashboard until
-    interrupted (uvicorn: SIGINT or SIGTERM stops it)."""
+    interrupted (uvicorn: SIGINT or SIGTERM stops it). ``opened`` is
+    called with the store once it is open, before the server starts."""
     import uvicorn  # noqa: PLC0415 - only the command needs the server
 
     with store.open(location, readonly=not allow_cancel) as db:
+        opened(db)
         server: uvicorn.Server | None = None
         dashboard = app(
             db,

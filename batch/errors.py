@@ -75,10 +75,12 @@ class StoreFailed(BatchError, store.StoreError):
 @contextlib.contextmanager
 def store_failed() -> Iterator[None]:
     """Raise what the store raises inside as :class:`StoreFailed`, so that a
-    caller of the runner catches one root, ``BatchError``."""
+    caller of the runner catches one root, ``BatchError``; but for
+    ``store.UnknownUpstream``, a name the caller gave wrong (a
+    ``ValueError``), which is raised as it is."""
     try:
         yield
-    except StoreFailed:
+    except (StoreFailed, store.UnknownUpstream):
         raise
     except store.StoreError as exc:
         raise StoreFailed(str(exc)) from exc

@@ -26,9 +26,10 @@ C = TypeVar("C")
 #: it before the keeper writes it on its own (the store shows it within 0.1 s).
 START_DELAY = 0.02
 
-#: Seconds between looks for this runner's jobs cancelled through a runner of
-#: another process (one of this process tells it at once, and so does the
-#: store's notice on PostgreSQL; the look is for a notice lost).
+#: Seconds between looks, while this runner has live jobs, for those
+#: cancelled through a runner of another process (one of this process tells
+#: it at once, and so does the store's notice on PostgreSQL; the look is for
+#: a notice lost), and at what is paused on the store.
 CANCEL_POLL = 0.1
 
 #: Seconds before a beat the store refused is tried again (at most).
@@ -47,7 +48,7 @@ def keep(s: State[C], resume: Resume) -> None:
     """The keeper thread, until the runner's workers are joined: beat three
     times per lease (and at once when room frees under ``max_live``), store
     ``running`` for jobs no batch carried within ``START_DELAY``, look for
-    jobs cancelled elsewhere, prune what ``Config.keep`` keeps no longer; at
+    jobs cancelled elsewhere and at what is paused, prune what ``Config.keep`` keeps no longer; at
     the end, retire (release every lease)."""
     interval = s.config.takeover_after / 3
     paces = s.rotation.paces
@@ -69,7 +70,7 @@ def keep(s: State[C], resume: Resume) -> None:
                 again = interval if beat(s, resume) else min(interval, RETRY_BEAT)
                 next_beat = s.clock.monotonic() + again
             elif now >= next_poll and len(s.rotation):
-                _poll_cancels(s)
+                _look(s)
                 next_poll = s.clock.monotonic() + CANCEL_POLL
             elif keep and now >= next_prune:
                 next_prune = s.clock.monotonic() + (0.0 if _prune(s, keep) else PRUNE_EVERY)
@@ -119,7 +120,8 @@ def _store_starting(s: State[C]) -> None:
 
 def _sync_upstreams(s: State[C], shared: bool) -> bool:
     """Tell the store what this runner wants of the upstreams it paces, and
-    the holds of its busy answers; take its share of each. ``shared``:
+    the holds of its busy answers, and the upstreams it met; take its share
+    of each. ``shared``:
     whether the store holds rows of this runner's upstreams (an idle runner
     that wants none, and has none there, makes no call). Returns whether it
     does now. The shares are taken as of the moment the sync began, as a
@@ -128,16 +130,20 @@ def _sync_upstreams(s: State[C], shared: bool) -> bool:
     and told back is the one this runner had, however long the call took."""
     asked = s.clock.monotonic()
     wants = s.rotation.wants(asked)
-    if not wants and not shared:
+    paces = s.rotation.paces
+    assert paces is not None
+    met, paces.met = paces.met, []
+    if not wants and not shared and not met:
         return False
     trouble = s.trouble("sharing upstreams")
     lapse = s.config.takeover_after
     try:
         with unlocked(s.lock):
-            shares = s.store.sync_upstreams(s.id, lapse, wants)
+            shares = s.store.sync_upstreams(s.id, lapse, wants, met)
     except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
         trouble.failed("cannot share %d upstream(s) with the store; trying again", len(wants))
         s.rotation.not_shared(wants)
+        paces.met = met + paces.met
         return True
     trouble.ok()
     s.rotation.shared(shares, asked, lapse)
@@ -166,17 +172,20 @@ def _prune(s: State[C], keep: Mapping[str, float]) -> bool:
     return full
 
 
-def _poll_cancels(s: State[C]) -> None:
-    """Halt the jobs this runner holds that were cancelled through another."""
+def _look(s: State[C]) -> None:
+    """Halt the jobs this runner holds that were cancelled through another,
+    and pause or unpause as the store says."""
     trouble = s.trouble("looking for cancelled jobs")
+    changes = s.pause_changes
     try:
         with unlocked(s.lock):
-            ids = s.store.halted_jobs(s.id)
+            look = s.store.look(s.id)
     except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
         trouble.failed("cannot look for cancelled jobs; trying again")
         return
     trouble.ok()
-    for job_id in ids:
+    for job_id in look.halted:
         job = s.rotation.get(job_id)
         if job is not None:
             s.halt(job)
+    s.paused_in_store(look.paused, changes)

@@ -121,10 +121,12 @@ class Metrics(Hooks):
         # Called with the runner's lock held: no lock of its own needed.
         self._holding: set[str] = set()
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> WSGIServer:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> WSGIServer:
         """Serve the registry at ``http://addr:port/metrics`` on a thread of
         its own (the client's ``start_http_server``); ``shutdown()`` the
-        server returned to stop it."""
+        server returned to stop it. Only this host can read it unless
+        ``addr`` says otherwise (``"0.0.0.0"``: every interface, for a
+        Prometheus elsewhere), as the dashboard."""
         server, _ = start_http_server(port, addr, registry=self.registry)
         return server
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 import store
+from store.pauses import covering
 
 from .context import Context
 from .model import Target, UpstreamState
@@ -358,9 +359,10 @@ class Rotation(Generic[C]):
     costs no pick more than O(log n), and delays no job of another.
 
     A job whose turn comes while its caller, or its next target's
-    upstream, is paused (:meth:`pause`) waits the same way, in a ring of
-    that pause's (``_held``), until it is lifted: then all its jobs are
-    back among the ready ones at their order. Holding a job moves no
+    upstream, is paused (:meth:`pause`; an upstream by any name
+    ``store.pauses.covers`` allows, its host say) waits the same way, in
+    a ring of that pause's (``_held``), until it is lifted: then all its
+    jobs are back among the ready ones at their order. Holding a job moves no
     cursor: it keeps its turn, whether or not a pick passed it meanwhile.
 
     Not thread-safe: the runner's lock guards it. Invariants: ``_by_id``
@@ -379,6 +381,7 @@ class Rotation(Generic[C]):
         "_owners",
         "_parked",
         "_pauses",
+        "_pausing",
         "_ready",
         "_retry",
         "_timer_at",
@@ -407,9 +410,11 @@ class Rotation(Generic[C]):
         self._timers: list[tuple[float, str]] = []
         self._timer_at: dict[str, float] = {}
         # What is paused, as ("caller", id) and ("upstream", name); the
-        # jobs each pause holds.
+        # jobs each pause holds; by upstream met while any is paused, the
+        # upstream pause that covers it (None: none).
         self._pauses: frozenset[tuple[str, str]] = frozenset()
         self._held: dict[tuple[str, str], _Ring[str]] = {}
+        self._pausing: dict[str, tuple[str, str] | None] = {}
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -503,7 +508,7 @@ class Rotation(Generic[C]):
             self._parked.setdefault(pace.name, _Ring()).push(job.order, job.id)
             if wait is not None:
                 self._timer(pace.name, now + wait)
-            elif pace.starved():
+            elif pace.starved(now):
                 paces.fresh = True  # the store does not know a job wants it
         return None
 
@@ -512,6 +517,7 @@ class Rotation(Generic[C]):
         and ``("upstream", name)``. The jobs held by a pause lifted are
         back among the ready ones; returns whether any are."""
         self._pauses = pauses
+        self._pausing = {}
         lifted = [key for key in self._held if key not in pauses]
         for key in lifted:
             ring = self._held.pop(key)
@@ -529,15 +535,25 @@ class Rotation(Generic[C]):
         job = self._live(job_id)
         if job is None:
             return None
-        key = ("caller", job.owner)
+        key: tuple[str, str] | None = ("caller", job.owner)
         if key not in self._pauses:
             pace = None if self.paces is None else self.paces.of(job.targets[job.next], now)
-            key = ("upstream", "" if pace is None else pace.name)
-            if pace is None or key not in self._pauses:
+            key = None if pace is None else self._paused_upstream(pace.name)
+            if key is None:
                 return job
         job.paused = key
         self._held.setdefault(key, _Ring()).push(job.order, job.id)
         return None
+
+    def _paused_upstream(self, upstream: str) -> tuple[str, str] | None:
+        """The pause that covers ``upstream``, if one does."""
+        try:
+            return self._pausing[upstream]
+        except KeyError:
+            names = sorted(name for kind, name in self._pauses if kind == "upstream")
+            name = covering(names, upstream)
+            key = self._pausing[upstream] = None if name is None else ("upstream", name)
+            return key
 
     def returned(
         self, job: LiveJob[C], answer: Answer, seconds: float, after: float, now: float
@@ -579,9 +595,10 @@ class Rotation(Generic[C]):
         )
 
     def wants(self, now: float) -> list[store.UpstreamWant]:
-        """What this runner wants of each upstream it paces that it fetches
-        from or waits on, or has a hold to tell of, for a sync. Upstreams
-        idle for long are forgotten on the way."""
+        """What this runner wants of each upstream it paces (none, at the
+        moment, of one it paces and neither fetches from nor waits on: the
+        store still shows it paced), and the holds it has to tell of, for a
+        sync. Upstreams idle for long are forgotten on the way."""
         if self.paces is None:
             return []
         self.paces.fresh = False
@@ -592,16 +609,13 @@ class Rotation(Generic[C]):
                 continue
             demand = pace.told = self._waiting_on(pace.name) + pace.inflight
             hold = pace.hold_to_publish(now)
-            if demand or hold or pace.slots:
-                # Until the answer is in force, targets may start within the
-                # slots it has: the store keeps them for it meanwhile.
-                inflight = max(pace.inflight, pace.slots or 0)
-                limit = pace.limit
-                wants.append(
-                    store.UpstreamWant(
-                        pace.name, demand, limit.concurrency, limit.rate, inflight, hold
-                    )
-                )
+            # Until the answer is in force, targets may start within the
+            # slots it has: the store keeps them for it meanwhile.
+            inflight = max(pace.inflight, pace.slots or 0)
+            limit = pace.limit
+            wants.append(
+                store.UpstreamWant(pace.name, demand, limit.concurrency, limit.rate, inflight, hold)
+            )
         return wants
 
     def shared(self, shares: Mapping[str, store.UpstreamShare], now: float, lapse: float) -> None:

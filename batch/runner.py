@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 
 import store
 
-from . import beat, checks, tracing, waits
+from . import beat, checks, explain, tracing, waits
 from .clock import SYSTEM, Clock
 from .context import Context
 from .errors import InvalidJob, JobNotFound, RunnerClosed, StoreFailed, store_failed
@@ -445,34 +445,38 @@ class Runner(Generic[C]):
 
     def explain(self, caller: C, job_id: str) -> dict[str, object]:
         """Why the job is not fetching now: ``status`` as stored and
-        ``state``: ``ended``; ``fetching`` (its ``target`` in flight);
-        ``ready`` (its turn is coming); ``retry`` (its target came back
-        busy: ``retry_in`` seconds); ``upstream`` (its next target's
-        upstream may not start one: ``why`` it is ``held``, its
+        ``state``. Of a job this runner runs: ``fetching`` (its ``target``
+        in flight); ``ready`` (its turn is coming); ``retry`` (its target
+        came back busy: ``retry_in`` seconds); ``upstream`` (its next
+        target's upstream may not start one: ``why`` it is ``held``, its
         ``breaker`` open, at its ``concurrency`` or ``rate``, or waiting
         for its ``share`` of the store's limits; with ``upstream``,
         ``held_until``, ``inflight``, ``concurrency``, ``rate``,
-        ``breaker``); ``later`` (it waits for its ``not_before``, or for
-        ``waits_after`` jobs it waits after to end); ``stopping`` (cancelled, its target in flight
+        ``breaker``); ``stopping`` (cancelled, its target in flight
         finishing); ``paused`` (its ``caller``, or the ``upstream`` of its
-        next target, is paused: :meth:`pause`); ``elsewhere`` (another
-        runner, or none yet, holds it).
-        Raises ``JobNotFound`` like :meth:`status`."""
+        next target, is paused: :meth:`pause`). Of any other job, what the
+        store says (``batch.explain.from_store``, as ``batch-runner
+        explain`` says it): ``ended``, ``later`` (it waits for its
+        ``not_before``, or for ``waits_after`` jobs it waits after to
+        end), ``paused``, ``waiting`` (no live runner holds it), an
+        ``upstream`` held, or ``elsewhere`` (the live ``runner`` that
+        holds it runs it). Raises ``JobNotFound`` like :meth:`status`."""
         job = self.status(caller, job_id)
-        out: dict[str, object] = {"id": job.id, "status": job.status}
-        if job.terminal:
-            return {**out, "state": "ended"}
-        s = self._s
-        with s.lock:
-            live = s.rotation.get(job.id)
-            if live is not None:
-                return {**out, **s.rotation.explain(live, s.clock.monotonic())}
+        if not job.terminal:
+            s = self._s
+            with s.lock:
+                live = s.rotation.get(job.id)
+                if live is not None:
+                    return {
+                        "id": job.id,
+                        "status": job.status,
+                        **s.rotation.explain(live, s.clock.monotonic()),
+                    }
         with store_failed():
-            row = s.store.find_job(job.id)
-        if row is not None and row.deferred:
-            waits = {"waits_after": row.waits} if row.waits else {}
-            return {**out, "state": "later", "not_before": row.not_before, **waits}
-        return {**out, "state": "elsewhere"}
+            where = self._s.store.whereabouts(job.id)
+        if where is None:
+            raise JobNotFound(f"no job {job_id!r}")
+        return explain.from_store(where, self._s.config.upstream)
 
     def upstreams(self) -> list[UpstreamState]:
         """Each upstream this runner has paced (``Config.upstream``), by
@@ -486,30 +490,49 @@ class Runner(Generic[C]):
         """Start no new target for ``caller`` (a caller, or its id) and of
         ``upstream`` (whichever are given), on any runner of the store,
         until :meth:`unpause`: on this runner once this returns, on the
-        others from their next beat (a third of ``Config.takeover_after``).
-        Targets in flight finish and are stored; the jobs stay live, keep
-        their place in the rotation, and go on where they stopped. An
-        upstream is the one ``Config.upstream`` names for a target: a
-        runner without it pauses callers only. The pause is stored: it
-        outlives this runner. ``TypeError`` unless at least one is given,
-        each a non-empty ``str`` (or a caller)."""
+        others within a tenth of a second (at their next look at the store,
+        as for a cancel). Targets in flight finish and are stored; the jobs
+        stay live, keep their place in the rotation, and go on where they
+        stopped. The pause is stored: it outlives this runner.
+
+        An upstream is the one ``Config.upstream`` names for a target (a
+        runner without it pauses callers only), or, for one named after a
+        URL's origin as ``batch.web.host_of`` names them, its host,
+        ``host:port`` or a URL of it: ``pause(upstream="example.org")``
+        pauses ``https://example.org:443`` and ``http://example.org:80``.
+        ``store.UnknownUpstream`` (a ``ValueError``), and nothing paused,
+        if it matches none this runner's ``Config.limits`` name or any
+        runner of the store has paced. ``TypeError`` unless at least one
+        is given, each a non-empty ``str`` (or a caller)."""
         self._pause(caller, upstream, paused=True)
 
     def unpause(self, caller: C | str | None = None, upstream: str | None = None) -> None:
         """Undo :meth:`pause` of ``caller`` and ``upstream`` (whichever are
-        given; one not paused is left as it is): the jobs it held start
-        again, here at once, on the other runners from their next beat."""
+        given, an upstream by the name it was paused by; one not paused is
+        left as it is): the jobs it held start again, here at once, on the
+        other runners within a tenth of a second."""
         self._pause(caller, upstream, paused=False)
 
     def _pause(self, caller: C | str | None, upstream: str | None, *, paused: bool) -> None:
         s = self._s
         owner = caller if caller is None or isinstance(caller, str) else caller_id(caller)
         with store_failed():
-            (s.store.pause if paused else s.store.unpause)(caller=owner, upstream=upstream)
+            if paused:
+                s.store.pause(caller=owner, upstream=upstream, known=self._known_upstreams())
+            else:
+                s.store.unpause(caller=owner, upstream=upstream)
         keys = {("caller", owner)} if owner is not None else set()
         keys |= {("upstream", upstream)} if upstream is not None else set()
         with s.lock:
             s.pause(s.pauses | keys if paused else s.pauses - keys, mine=True)
+
+    def _known_upstreams(self) -> list[str]:
+        """The upstreams this runner knows of: named in ``Config.limits``,
+        or paced."""
+        s = self._s
+        named = [name for name in s.config.limits or {} if name != "*"]
+        with s.lock:
+            return named + [state.name for state in s.rotation.upstreams(s.clock.monotonic())]
 
     def close(self, timeout: float | None = None) -> None:
         """Stop: start no further target, cancel the fetch context, store what

@@ -327,6 +327,18 @@ class State(Generic[C]):
         if self.rotation.pause(pauses):
             self.wake_worker()
 
+    def paused_in_store(self, paused: store.Paused, changes: int) -> None:
+        """What is paused is what a read of the store found, unless this
+        runner paused or unpaused since ``changes`` (its count then): the
+        read may predate that."""
+        if self.pause_changes == changes:
+            self.pause(
+                frozenset(
+                    [("caller", name) for name in paused.callers]
+                    + [("upstream", name) for name in paused.upstreams]
+                )
+            )
+
     def due(self, not_before: float) -> None:
         """A job this runner submitted is due at ``not_before`` (epoch
         seconds): the keeper beats then, to release and take it."""

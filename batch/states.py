@@ -4,9 +4,7 @@ words for why a fetch is cancelled and what a view shows of a job gone."""
 
 from __future__ import annotations
 
-from enum import StrEnum
-
-from store.states import LIVE_JOB, TERMINAL_JOB, JobStatus, TargetState, ended_status
+from store.states import LIVE_JOB, TERMINAL_JOB, JobStatus, TargetState, Word, ended_status
 
 __all__ = [
     "EVICTED",
@@ -19,7 +17,7 @@ __all__ = [
 ]
 
 
-class Reason(StrEnum):
+class Reason(Word):
     """Why a fetch's context is cancelled: the runner closes, or the job was
     cancelled (through any runner on the store)."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import math
 import threading
 import weakref
@@ -22,6 +23,14 @@ from .states import Reason
 __all__ = ["Threads", "tell_others"]
 
 C = TypeVar("C")
+
+log = logging.getLogger("batch")
+
+#: Seconds of each wait of a close for a thread to end.
+JOIN_SLICE = 0.1
+#: Seconds an interrupted close waits for the runner's lock to tell the
+#: keeper to stop (a hook may hold it).
+LET_GO = 1.0
 
 #: The open runners of this process, so that a cancel through one reaches
 #: the one holding the job at once; guarded by ``_OPEN_LOCK`` (runners open,
@@ -104,14 +113,21 @@ class Threads:
             s.changed_all()
         finally:
             s.lock.release()
-        with _OPEN_LOCK:
-            _OPEN.discard(s)
-        self._unsubscribe()
-        s.ends.stop(None if deadline == math.inf else _left(deadline))
-        me = threading.current_thread()
-        for t in self._workers:
-            if t is not me:
-                t.join(None if deadline == math.inf else _left(deadline))
+        try:
+            with _OPEN_LOCK:
+                _OPEN.discard(s)
+            self._unsubscribe()
+            s.ends.stop(None if deadline == math.inf else _left(deadline))
+            me = threading.current_thread()
+            for t in self._workers:
+                if t is not me:
+                    _join(t, deadline)
+        except BaseException:
+            # Interrupted while the fetches in flight finish (a second
+            # Ctrl-C): let the jobs go now, as a closed runner does, so that
+            # none stays leased to a runner that will never go on with it.
+            self._let_go()
+            raise
         busy = sum(t.is_alive() for t in self._workers if t is not me)
         if busy:
             raise TimeoutError(f"{busy} workers still in a fetch after {timeout}s")
@@ -126,6 +142,28 @@ class Threads:
         if self._keeper.is_alive():
             raise TimeoutError(f"the store did not let runner {s.id} go within {timeout}s")
 
+    def _let_go(self) -> None:
+        """Release every lease of this runner now, without waiting for its
+        fetches in flight: what they return is refused by the store (the
+        leases are gone) and fetched again by the runner that takes the
+        jobs. The keeper is told to stop (it retires too, if it gets the
+        chance). Best effort: the store may be away too."""
+        s = self._s
+        if s.lock.acquire(timeout=LET_GO):
+            try:
+                s.stopping = True
+                s.chores.notify_all()
+            finally:
+                s.lock.release()
+        try:
+            s.store.retire_runner(s.id)
+        except Exception:  # noqa: BLE001 - whatever the store raises: the leases lapse instead
+            log.warning("cannot release the leases of runner %s; they lapse instead", s.id)
+        else:
+            log.warning(
+                "runner %s interrupted while its fetches finished: its jobs are released", s.id
+            )
+
 
 def _is_async(fetch: object) -> bool:
     """Whether ``fetch`` is an ``async def`` function (or an object whose
@@ -133,6 +171,17 @@ def _is_async(fetch: object) -> bool:
     return inspect.iscoroutinefunction(fetch) or inspect.iscoroutinefunction(
         getattr(fetch, "__call__", None)  # noqa: B004 - an object's async __call__
     )
+
+
+def _join(thread: threading.Thread, deadline: float) -> None:
+    """Join ``thread`` by ``deadline`` (real time) in short waits: a signal
+    that another thread received (a Ctrl-C) is then handled at once by the
+    main thread joining, not when the thread ends."""
+    while thread.is_alive():
+        left = JOIN_SLICE if deadline == math.inf else min(JOIN_SLICE, _left(deadline))
+        thread.join(left)
+        if deadline != math.inf and SYSTEM.monotonic() >= deadline:
+            return
 
 
 def _left(deadline: float) -> float:

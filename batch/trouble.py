@@ -1,5 +1,5 @@
 """Store calls a runner thread makes again and again while they fail: logged
-once with a traceback, not once per try.
+as one line now and then, not a traceback per try.
 
 A runner's threads never die of what the store raises: the keeper's beat,
 its cancel poll, its ``running`` writes and the group commit each catch any
@@ -12,6 +12,7 @@ readable through it.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 __all__ = ["REMIND", "Trouble"]
@@ -26,13 +27,15 @@ REMIND = 60.0
 class Trouble:
     """The failures of one kind of store call of one runner.
 
-    A failure is logged as a warning with its traceback, unless one of the
-    same kind was within the last :data:`REMIND` seconds: then at debug
-    level, and counted in the next warning. So a store away for a minute,
-    tried hundreds of times, or one whose connections drop every second,
-    leaves a warning a minute, not a traceback per try. Once calls succeed
-    again after a failure that was warned of, that is said too, with how
-    many tries failed in a row.
+    A failure is logged as a one-line warning (what failed, what comes
+    next, and the error's class and first line), unless one of the same
+    kind was within the last :data:`REMIND` seconds: then at debug level,
+    and counted in the next warning. Its traceback goes to debug level
+    either way: a fault the runner retries and recovers from is not a
+    crash, and should not read as one. So a store away for a minute, tried
+    hundreds of times, or one whose connections drop every second, leaves a
+    line a minute. Once calls succeed again after a failure that was warned
+    of, that is said too, with how many tries failed in a row.
 
     Each kind is used by one thread at a time (the keeper, or the one
     worker recording), with the runner's lock held (``State.trouble``
@@ -54,14 +57,14 @@ class Trouble:
         """Log one failure: ``msg % args`` says what failed and what comes next."""
         self._failures += 1
         now = time.monotonic()
+        log.debug(msg, *args, exc_info=True, stacklevel=2)
         if now - self._warned < REMIND:
             self._quiet += 1
-            log.debug(msg, *args, exc_info=True, stacklevel=2)
             return
         if self._quiet:
             msg += f" ({self._quiet} more failure(s) logged at debug level since the last warning)"
         self._warned, self._quiet, self._loud = now, 0, True
-        log.warning(msg, *args, exc_info=True, stacklevel=2)
+        log.warning(msg + ": %s", *args, _brief(sys.exc_info()[1]), stacklevel=2)
 
     def ok(self) -> None:
         """The call succeeded: failures in a row, if any, are over."""
@@ -73,3 +76,11 @@ class Trouble:
                 stacklevel=2,
             )
         self._failures, self._loud = 0, False
+
+
+def _brief(exc: BaseException | None) -> str:
+    """The error's class and the first line of its text."""
+    if exc is None:
+        return "no error"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -12,6 +12,10 @@ Rows, each from nginx's own log:
   answered 429 (<= 5 %) and the pages a second (>= 0.85 of 20); and, in the
   same rounds, the runner without pacing (``Config(upstream=None)``: each
   busy answer holds back only its own target): its share of 429s;
+- ``batch-runner fetch FILE`` of those URLs, no flag given: the share of
+  requests answered 429 over the whole crawl (<= 2 %), and the pages a
+  second after the first 5 s (>= 0.8 of 20): the command learns a host's
+  pace by itself;
 - two runner processes on one store, ``rate=20`` each: together <= 1 %
   429s and >= 0.9 of the 20 allowed;
 - three runner processes on one store, ``concurrency=2`` each, against a
@@ -140,6 +144,25 @@ def _processes(base: str, urls: int, n: int, limit: str) -> None:
                 raise RuntimeError("a runner process of the pacing rows failed")
 
 
+def _command(server: nginx.Nginx, urls: int) -> Crawl:
+    """``batch-runner fetch`` of ``urls`` pages of ``server``, as a user
+    runs it (no flag): its 429s over the whole crawl, its pages a second
+    once it learned (after ``LEARNING`` seconds)."""
+    with tempfile.TemporaryDirectory() as d:
+        listed = Path(d) / "urls.txt"
+        listed.write_text("".join(f"{server.base}/{n}.txt\n" for n in range(urls)))
+        start = time.time()
+        done = subprocess.run(
+            [sys.executable, "-m", "batch", "fetch", str(listed), "--db", str(Path(d) / "b.db")],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            check=False,
+        )
+    if done.returncode:
+        raise RuntimeError(f"batch-runner fetch exited {done.returncode}")
+    return Crawl(_answered(server, start).busy, _answered(server, start, LEARNING).rate)
+
+
 def _two_processes(server: nginx.Nginx, urls: int) -> Crawl:
     start = time.time()
     _processes(server.base, urls, 2, f'{{"rate": {RATE}}}')
@@ -180,6 +203,7 @@ def run(opts: Options) -> list[Row]:
                 "rate": lambda: _crawl(server, urls, _config(rate=float(RATE))),
                 "adaptive": lambda: _crawl(server, urls, _config(adaptive=True), LEARNING),
                 "unpaced": lambda: _crawl(server, urls, _config(), LEARNING),
+                "command": lambda: _command(server, urls),
             }
         crawls = alternate(opts.rounds, tries)
     crowds = [_three_at_two(crowd_urls) for _ in range(opts.rounds)]
@@ -244,6 +268,21 @@ def run(opts: Options) -> list[Row]:
             pages("adaptive", "Limit(adaptive=True), no rate"),
             limit,
             Goal("ratio", ">=", 0.85),
+        ),
+        Figure(
+            "11",
+            "batch-runner fetch: answered 429",
+            "%",
+            busy("command"),
+            goal=Goal("median", "<=", 2.0),
+        ),
+        Figure(
+            "11",
+            "batch-runner fetch after 5 s: pages/s",
+            "/s",
+            pages("command", "batch-runner fetch FILE, no flag"),
+            limit,
+            Goal("ratio", ">=", 0.8),
         ),
         *several,
     ]

@@ -11,7 +11,15 @@ with store.open("postgresql://app@db.internal/jobs") as db:  # pip install 'batc
 __version__ = "0.2.0"
 
 from .db import CANCELLED, RESYNC, WORK
-from .errors import Conflict, EventsPruned, InvalidRun, NotFound, StoreError, Unsatisfiable
+from .errors import (
+    Conflict,
+    EventsPruned,
+    InvalidRun,
+    NotFound,
+    StoreError,
+    UnknownUpstream,
+    Unsatisfiable,
+)
 from .record import label
 from .shapes import (
     Advert,
@@ -25,6 +33,7 @@ from .shapes import (
     JobSummary,
     Later,
     Lease,
+    Look,
     NodeView,
     Paused,
     RunView,
@@ -36,6 +45,7 @@ from .shapes import (
     UpstreamShare,
     UpstreamView,
     UpstreamWant,
+    Whereabouts,
 )
 from .states import JobStatus, RunState, StepState, TargetState, ended_status
 from .store import Store, open
@@ -59,6 +69,7 @@ __all__ = [
     "JobSummary",
     "Later",
     "Lease",
+    "Look",
     "NodeView",
     "NotFound",
     "Paused",
@@ -73,10 +84,12 @@ __all__ = [
     "TargetOutcome",
     "TargetRow",
     "TargetState",
+    "UnknownUpstream",
     "Unsatisfiable",
     "UpstreamShare",
     "UpstreamView",
     "UpstreamWant",
+    "Whereabouts",
     "__version__",
     "ended_status",
     "label",

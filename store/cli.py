@@ -27,6 +27,7 @@ from .console import (
     EXIT_FAILED,
     Output,
     Parser,
+    about,
     add_db,
     add_version,
     count,
@@ -501,12 +502,14 @@ def build_parser(prog: str = "python -m store") -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"lifetime of the leases a promotion issues (default: {LEASE_TTL:g})",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(
+        title="commands", dest="command", required=True, metavar="COMMAND"
+    )
 
     def add(name: str, handler: Callable[[argparse.Namespace], Output], kind: Parser) -> Parser:
         """Add the command ``name``; its help is the first line of ``handler``'s docstring."""
-        about = (handler.__doc__ or "").splitlines()[0]
-        sub: Parser = commands.add_parser(name, help=about, description=about, parents=[kind])
+        said = about(handler)
+        sub: Parser = commands.add_parser(name, help=said, description=said, parents=[kind])
         sub.set_defaults(handler=handler)
         also_db(sub)
         return sub

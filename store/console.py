@@ -35,12 +35,14 @@ __all__ = [
     "EXIT_OK",
     "EXIT_TERMINATED",
     "EXIT_USAGE",
+    "SHORT_ID",
     "BadInput",
     "Failure",
     "Missing",
     "Output",
     "Parser",
     "Stop",
+    "about",
     "add_db",
     "add_version",
     "bytes_size",
@@ -54,6 +56,10 @@ __all__ = [
     "stopping",
     "table",
 ]
+
+#: Characters of an id shown in tables and messages (any unique prefix
+#: finds what it names).
+SHORT_ID = 12
 
 EXIT_OK = 0
 #: A job or run ended failed or partial, or the command could not do its work.
@@ -124,6 +130,13 @@ def _name(prog: str) -> str:
     ``batch-runner`` for ``batch-runner fetch``."""
     words = prog.split()
     return words[2] if words[:2] == ["python", "-m"] and len(words) > 2 else words[0]
+
+
+def about(handler: Callable[..., object]) -> str:
+    """What a command does, for its help: the first paragraph of its
+    function's docstring, on one line."""
+    paragraph = (handler.__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(paragraph.split())
 
 
 def add_version(parser: argparse.ArgumentParser) -> None:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["Conflict", "EventsPruned", "InvalidRun", "NotFound", "StoreError", "Unsatisfiable"]
+__all__ = [
+    "Conflict",
+    "EventsPruned",
+    "InvalidRun",
+    "NotFound",
+    "StoreError",
+    "UnknownUpstream",
+    "Unsatisfiable",
+]
 
 
 class StoreError(Exception):
@@ -29,3 +37,19 @@ class InvalidRun(StoreError, ValueError):
 
 class EventsPruned(StoreError, LookupError):
     """A watch asked for events after a number the store has pruned since."""
+
+
+class UnknownUpstream(StoreError, ValueError):
+    """A pause names an upstream that matches none the store's runners
+    pace (by name, host, ``host:port`` or URL): it would hold nothing
+    back, so nothing was changed. ``known``: the upstreams there are."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.known = known
+        there = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
+        super().__init__(
+            f"no upstream {name!r}: the runners of this store pace "
+            + (there if known else "none yet")
+            + " (give one of these, its host, or host:port)"
+        )

@@ -108,6 +108,33 @@ CONNECT_TIMEOUT = 10
 POOL_PATIENCE = 0.1
 #: The name the store's sessions give the server (``pg_stat_activity``).
 APPLICATION = "batch-store"
+
+
+class _QuietPool(logging.Filter):
+    """psycopg-pool warns of every broken connection it discards. Of the
+    store's own connections, such a line goes to debug level: the store
+    says itself, once, what broke and that it tried again; a recovered
+    fault should not read as a crash. Other pools' lines pass as they are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ours: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if (
+            record.levelno == logging.WARNING
+            and isinstance(args, tuple)
+            and args
+            and isinstance(args[0], psycopg.Connection)
+            and args[0] in self.ours
+        ):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+_QUIET_POOL = _QuietPool()
+logging.getLogger("psycopg.pool").addFilter(_QUIET_POOL)
 #: The channel the store's notices go out on (``Database.notify``).
 CHANNEL = "batch_store"
 #: The most bytes of events a notice carries (a notice's payload is under
@@ -1038,6 +1065,7 @@ class PostgresDatabase(Database):
         ).fetchone()
         with self._lock:
             self._keys[conn] = (uuid.uuid4().hex, float(row[3]) if row else 0.0)
+        _QUIET_POOL.ours.add(conn)
 
     def _key(self, conn: psycopg.Connection[Any]) -> tuple[str, float]:
         """The connection's key, and the server's time once it was there."""

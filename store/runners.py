@@ -33,13 +33,22 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from . import events, jobs, later, pauses
+from . import events, jobs, later, pauses, upstreams
 from .db import Tx, in_list
 from .jobs import NO_LIMIT
-from .shapes import Beat, JobRow
+from .shapes import Beat, JobRow, Whereabouts
 from .states import LIVE_JOB, LIVE_SQL
 
-__all__ = ["HOST", "Beat", "beat", "halted", "pid_alive", "register", "retire"]
+__all__ = [
+    "HOST",
+    "Beat",
+    "beat",
+    "halted",
+    "pid_alive",
+    "register",
+    "retire",
+    "whereabouts",
+]
 
 #: This machine's name, as runners record it.
 HOST = socket.gethostname()
@@ -180,6 +189,31 @@ def halted(conn: Tx, runner_id: str) -> list[str]:
             (runner_id,),
         )
     ]
+
+
+def whereabouts(conn: Tx, job_id: str) -> Whereabouts | None:
+    """Where the job ``job_id`` stands (see ``Whereabouts``); None if it
+    is not stored."""
+    job = jobs.find_job(conn, job_id)
+    if job is None:
+        return None
+    holder, until = conn.execute(
+        "SELECT lease_owner, lease_until FROM jobs WHERE id = ?", (job_id,)
+    ).fetchone()
+    now = conn.now
+    ended, silent = _gone(conn, "", now)
+    gone = {*ended, *silent}
+    open_ = [rid for (rid,) in conn.execute("SELECT id FROM runners WHERE closed = 0")]
+    return Whereabouts(
+        job,
+        holder,
+        None if holder is None else float(until),
+        holder is not None and holder not in gone and float(until) >= now,
+        sum(rid not in gone for rid in open_),
+        pauses.read(conn),
+        {view.name: view for view in upstreams.view(conn)},
+        now,
+    )
 
 
 def _give_back_stall(conn: Tx, now: float, lapse: float) -> bool:

@@ -214,6 +214,35 @@ class Paused:
 
 
 @dataclass(frozen=True, slots=True)
+class Whereabouts:
+    """Where a stored job stands, from one snapshot (``Store.whereabouts``):
+    the ``job``; the runner holding its lease (``holder``, None: none does)
+    and until when (``held_until``, epoch seconds); whether that runner is
+    ``alive`` (open, its process there, its lease not lapsed); how many
+    runners are open on the store (``runners``); what is ``paused``; the
+    ``upstreams`` the store paces, by name; and the store's time ``now``."""
+
+    job: JobRow
+    holder: str | None
+    held_until: float | None
+    alive: bool
+    runners: int
+    paused: Paused
+    upstreams: Mapping[str, UpstreamView]
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Look:
+    """What a runner's look between beats found (``Store.look``):
+    ``halted``, the jobs leased to it that are terminal already (cancelled
+    through another runner); ``paused``, what is paused on the store."""
+
+    halted: list[str]
+    paused: Paused
+
+
+@dataclass(frozen=True, slots=True)
 class Beat:
     """What one beat found. ``held``: the live jobs the runner still holds,
     by id, with their token (renewed now); ``ended``: jobs it held that are

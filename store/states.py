@@ -29,13 +29,23 @@ __all__ = [
     "RunState",
     "StepState",
     "TargetState",
+    "Word",
     "ended_status",
     "sql_list",
     "sql_one_of",
 ]
 
 
-class JobStatus(StrEnum):
+class Word(StrEnum):
+    """A word of the vocabulary: shown as its text everywhere, its repr
+    too, so that a list or dict of statuses prints as ``['done', 'failed']``
+    rather than as the members' enum reprs."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class JobStatus(Word):
     """A batch job's status: live (``queued``, then ``running`` once a
     runner started it), then terminal for good."""
 
@@ -56,7 +66,7 @@ LIVE_JOB = (JobStatus.QUEUED, JobStatus.RUNNING)
 TERMINAL_JOB = (JobStatus.DONE, JobStatus.FAILED, JobStatus.PARTIAL, JobStatus.CANCELLED)
 
 
-class TargetState(StrEnum):
+class TargetState(Word):
     """A target's ``status``: ``pending`` until its outcome is stored, then
     ``done`` or ``failed`` for good."""
 
@@ -69,7 +79,7 @@ class TargetState(StrEnum):
 TARGET_STATES: dict[str, TargetState] = {s.value: s for s in TargetState}
 
 
-class RunState(StrEnum):
+class RunState(Word):
     """A run's state: ``QUEUED`` while it waits for nodes, ``RUNNING`` once
     placed, then ``SUCCEEDED`` or ``FAILED`` (a cancelled run ends
     ``FAILED``) for good."""
@@ -80,7 +90,7 @@ class RunState(StrEnum):
     FAILED = "FAILED"
 
 
-class StepState(StrEnum):
+class StepState(Word):
     """A step's state: ``PENDING`` until its node starts it, ``RUNNING``,
     then ``SUCCEEDED`` or ``FAILED``."""
 

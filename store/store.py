@@ -39,6 +39,7 @@ from .shapes import (
     JobSummary,
     Later,
     Lease,
+    Look,
     NodeView,
     Paused,
     RunView,
@@ -49,6 +50,7 @@ from .shapes import (
     UpstreamShare,
     UpstreamView,
     UpstreamWant,
+    Whereabouts,
 )
 from .sqlite import SQLiteDatabase
 from .states import TERMINAL_JOB, JobStatus, RunState, TargetState
@@ -312,6 +314,13 @@ class Store:
         tools. A service answering its callers uses :meth:`get_job`."""
         return self._db.read(lambda tx: jobs.find_job(tx, job_id))
 
+    def whereabouts(self, job_id: str) -> Whereabouts | None:
+        """Where the job stands, whoever owns it, from one snapshot: the job,
+        who holds it and whether that runner is alive, how many runners are
+        open, what is paused, the upstreams paced (``batch-runner explain``
+        and ``Runner.explain`` read it). None if it is not stored."""
+        return self._db.read(lambda tx: runners.whereabouts(tx, job_id))
+
     def job_leases(self, job_ids: Sequence[str]) -> dict[str, tuple[JobRow, str | None, int]]:
         """Each of these jobs that is stored, by id: the job with its
         targets, the runner holding its lease (None: no runner does) and
@@ -458,20 +467,35 @@ class Store:
         order; none for a job given no ``after``, or none there is."""
         return self._db.read(lambda tx: later.after_of(tx, job_id))
 
-    def pause(self, *, caller: str | None = None, upstream: str | None = None) -> None:
+    def pause(
+        self,
+        *,
+        caller: str | None = None,
+        upstream: str | None = None,
+        known: Iterable[str] = (),
+    ) -> None:
         """Pause the caller with id ``caller`` and the upstream ``upstream``
         (whichever are given): no runner of the store starts a new target
-        for that caller, or of that upstream, from its next beat on (a
-        runner that pauses, at once), until unpaused. Pausing what is
-        paused changes nothing (it keeps the time it was first paused)."""
+        for that caller, or of that upstream, from within a tenth of a
+        second (a runner that pauses, at once), until unpaused. Pausing what
+        is paused changes nothing (it keeps the time it was first paused).
+
+        ``upstream`` is an upstream's name, or for one named after a URL's
+        origin (``scheme://host:port``) its host, ``host:port`` or a URL of
+        it: a host pauses each of its upstreams. ``UnknownUpstream``, and
+        nothing paused, if it matches none that a runner of the store has
+        paced, nor any of ``known``."""
         given = _paused_names(caller, upstream)
+        also = list(known)
+
         self._db.write(
-            lambda tx: [pauses.pause(tx, kind, name) for kind, name in given], fenced=True
+            lambda tx: [pauses.pause(tx, kind, name, also) for kind, name in given], fenced=True
         )
 
     def unpause(self, *, caller: str | None = None, upstream: str | None = None) -> None:
-        """Undo :meth:`pause` for whichever are given (nothing for one not
-        paused): runners start their targets again from their next beat."""
+        """Undo :meth:`pause` for whichever are given, by the name it was
+        paused by (nothing for one not paused): runners start their targets
+        again within a tenth of a second."""
         given = _paused_names(caller, upstream)
         self._db.write(
             lambda tx: [pauses.unpause(tx, kind, name) for kind, name in given], fenced=True
@@ -481,10 +505,11 @@ class Store:
         """What is paused now, with when each was."""
         return self._db.read(pauses.read)
 
-    def halted_jobs(self, runner_id: str) -> list[str]:
-        """Ids of the jobs leased to the runner that are terminal already
-        (cancelled through another runner)."""
-        return self._db.read(lambda tx: runners.halted(tx, runner_id))
+    def look(self, runner_id: str) -> Look:
+        """What a runner looks at between its beats, in one read: the ids
+        of the jobs leased to it that are terminal already (cancelled
+        through another runner), and what is paused."""
+        return self._db.read(lambda tx: Look(runners.halted(tx, runner_id), pauses.read(tx)))
 
     def retire_runner(self, runner_id: str) -> None:
         """The runner closed: its leases are released, and the next runner
@@ -498,12 +523,20 @@ class Store:
         self._db.write(retire, fenced=True)
 
     def sync_upstreams(
-        self, runner_id: str, lapse: float, wants: Sequence[UpstreamWant]
+        self,
+        runner_id: str,
+        lapse: float,
+        wants: Sequence[UpstreamWant],
+        met: Sequence[str] = (),
     ) -> dict[str, UpstreamShare]:
         """Record what the runner wants of each upstream it paces, and the
         holds its busy answers put on them; return its share of each until
-        its next sync (see ``upstreams``). Rows last ``lapse`` seconds."""
-        return self._db.write(lambda tx: upstreams.sync(tx, runner_id, lapse, wants), fenced=True)
+        its next sync (see ``upstreams``). Rows last ``lapse`` seconds.
+        ``met``: upstreams the runner met since its last sync, whose names
+        the store keeps (a pause may name them)."""
+        return self._db.write(
+            lambda tx: upstreams.sync(tx, runner_id, lapse, wants, met), fenced=True
+        )
 
     def upstreams(self) -> list[UpstreamView]:
         """Every upstream a busy answer holds now, or a live runner wants,

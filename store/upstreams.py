@@ -28,6 +28,8 @@ Guarantees (``docs/concurrency.md`` says how they hold, and within what):
    never shortened.
 4. A dead runner's rows count until they lapse, then not at all.
 
+``upstream_holds`` has a row for every upstream a runner of the store has
+met (a sync names those it met since its last): what a pause may name.
 Syncs of one upstream take turns: each locks the upstream's row of
 ``upstream_holds``, in name order, before it reads the others' slots.
 Functions take an open transaction (``Tx``) and run inside it.
@@ -44,24 +46,31 @@ __all__ = ["forget", "sync", "view"]
 
 
 def sync(
-    tx: Tx, runner_id: str, lapse: float, wants: Sequence[UpstreamWant]
+    tx: Tx,
+    runner_id: str,
+    lapse: float,
+    wants: Sequence[UpstreamWant],
+    met: Sequence[str] = (),
 ) -> dict[str, UpstreamShare]:
     """Record what ``runner_id`` wants of each upstream (its rows last for
     ``lapse`` seconds unless synced again; those of upstreams it no longer
-    names go), and return its share of each."""
+    names go), and the names of the upstreams it ``met``; return its share
+    of each upstream it wants."""
     now = tx.now
     names = sorted({want.upstream for want in wants})
+    # One insert, in name order (as the locks below are taken), for the
+    # upstreams wanted and those met.
+    tx.executemany(
+        "INSERT INTO upstream_holds (upstream, held_until) VALUES (?, 0)"
+        " ON CONFLICT (upstream) DO NOTHING",
+        [(name,) for name in sorted({*names, *met})],
+    )
     named, args = in_list("upstream", names)
     tx.execute(
         f"DELETE FROM upstream_shares WHERE runner_id = ? AND NOT ({named})", (runner_id, *args)
     )
     if not names:
         return {}
-    tx.executemany(
-        "INSERT INTO upstream_holds (upstream, held_until) VALUES (?, 0)"
-        " ON CONFLICT (upstream) DO NOTHING",
-        [(name,) for name in names],
-    )
     held: dict[str, float] = dict(
         tx.execute(
             f"SELECT upstream, held_until FROM upstream_holds WHERE {named}"
@@ -119,21 +128,22 @@ def sync(
 
 
 def view(tx: Tx) -> list[UpstreamView]:
-    """Every upstream held now or wanted by a live runner, by name."""
+    """Every upstream held now or paced by a live runner, by name; its
+    ``runners`` are those of them that want it now."""
     now = tx.now
     rows = tx.execute(
-        "SELECT h.upstream, h.held_until,"
-        " count(s.runner_id), coalesce(sum(s.demand), 0), coalesce(sum(s.slots), 0),"
-        " coalesce(sum(s.rate), 0)"
+        "SELECT h.upstream, h.held_until, count(s.runner_id),"
+        " coalesce(sum(CASE WHEN s.demand > 0 THEN 1 ELSE 0 END), 0),"
+        " coalesce(sum(s.demand), 0), coalesce(sum(s.slots), 0), coalesce(sum(s.rate), 0)"
         " FROM upstream_holds h LEFT JOIN upstream_shares s"
-        " ON s.upstream = h.upstream AND s.seen_at + s.lapse >= ? AND s.demand > 0"
+        " ON s.upstream = h.upstream AND s.seen_at + s.lapse >= ?"
         " GROUP BY h.upstream, h.held_until ORDER BY h.upstream",
         (now,),
     )
     return [
-        UpstreamView(name, max(0.0, held_until - now), runners, demand, slots, float(rate))
-        for name, held_until, runners, demand, slots, rate in rows
-        if held_until > now or runners
+        UpstreamView(name, max(0.0, held_until - now), wanting, demand, slots, float(rate))
+        for name, held_until, paced, wanting, demand, slots, rate in rows
+        if held_until > now or paced
     ]
 
 

@@ -457,6 +457,11 @@ def test_pause_and_unpause_are_stored_and_shown(history: tuple[Path, list[str]])
     done = cli("pause", "--caller", "alice", "--db", path, "--json")
     assert done.returncode == 0, done
     assert [json.loads(line)["name"] for line in done.stdout.splitlines()] == ["alice"]
+    refused = cli("pause", "--upstream", "example.org", "--db", path)
+    assert refused.returncode == 2, refused  # no runner has met it: it would pause nothing
+    assert "no upstream 'example.org'" in refused.stderr
+    with store.open(path) as db:  # as a runner that meets it tells the store
+        db.sync_upstreams("runner-1", 60, [], ["https://example.org:443"])
     done = cli("pause", "--upstream", "example.org", "--db", path)
     assert [line.split()[:2] for line in done.stdout.splitlines()] == [
         ["paused", "name"],

@@ -119,6 +119,7 @@ def test_runs_nodes_and_gauges(db: store.Store, client: TestClient) -> None:
 
 def test_what_is_paused_and_jobs_that_start_later(db: store.Store, client: TestClient) -> None:
     assert client.get("/api/paused").json() == {"callers": {}, "upstreams": {}}
+    db.sync_upstreams("runner-1", 60, [], ["https://example.org:443"])  # a runner met it
     db.pause(caller="alice", upstream="example.org")
     paused = client.get("/api/paused").json()
     assert (list(paused["callers"]), list(paused["upstreams"])) == (["alice"], ["example.org"])

@@ -54,7 +54,7 @@ SITES = (
     "create_jobs",
     "store_targets",
     "beat_runner",
-    "halted_jobs",
+    "look",
     "interrupt_job",
     "job_leases",
     "retire_runner",
@@ -564,16 +564,17 @@ def test_cancel_waits_for_the_store_without_the_runners_lock(
 def test_a_run_of_failures_is_logged_once(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first failure is a warning with its traceback; the next ones
-    within ``REMIND`` are logged at debug level, and counted in the next
-    warning; the first success after a warned failure says how many tries
-    failed in a row."""
+    """The first failure is a warning of one line (the error's class and
+    first line; its traceback at debug level, as for every failure); the
+    next ones within ``REMIND`` are logged at debug level only, and counted
+    in the next warning; the first success after a warned failure says how
+    many tries failed in a row."""
     caplog.set_level(logging.DEBUG, logger="batch")
     trouble = batch.trouble.Trouble("the beat")
 
     def fail() -> None:
         try:
-            raise store.StoreError("database is locked")
+            raise store.StoreError("database is locked\nwhile renewing")
         except store.StoreError:
             trouble.failed("cannot renew; trying again")
 
@@ -584,16 +585,19 @@ def test_a_run_of_failures_is_logged_once(
     monkeypatch.setattr(batch.trouble, "REMIND", 0.0)
     fail()
     logged = [(r.levelno, r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    traced = (logging.DEBUG, "cannot renew; trying again", True)
     assert logged == [
-        (logging.WARNING, "cannot renew; trying again", True),
-        (logging.DEBUG, "cannot renew; trying again", True),
-        (logging.DEBUG, "cannot renew; trying again", True),
+        traced,
+        (logging.WARNING, "cannot renew; trying again: StoreError: database is locked", False),
+        traced,
+        traced,
         (logging.WARNING, "the beat: the store answers again, after 3 failed tries", False),
-        (logging.DEBUG, "cannot renew; trying again", True),
+        traced,
+        traced,
         (
             logging.WARNING,
             "cannot renew; trying again (3 more failure(s) logged at debug level since the"
-            " last warning)",
-            True,
+            " last warning): StoreError: database is locked",
+            False,
         ),
     ]

@@ -10,7 +10,7 @@ import batch
 import store
 from batch.context import Context
 from batch.rotation import LiveJob, Rotation
-from tests.helpers import TIMEOUT, MakeRunner, Script, eventually
+from tests.helpers import TIMEOUT, MakeRunner, Script, StepClock, eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,7 +54,8 @@ def test_a_paused_upstream_holds_the_jobs_whose_next_target_is_its(
     db: store.Store, runner: MakeRunner
 ) -> None:
     script = Script()
-    with runner(db, script, workers=2, upstream=host) as r:
+    known = {"slow.example": batch.Limit()}  # a pause names an upstream the runner knows
+    with runner(db, script, workers=2, upstream=host, limits=known) as r:
         r.pause(upstream="slow.example")
         mixed = r.submit(ALICE, ["fast.example/1", "slow.example/2", "fast.example/3"])
         fast = r.submit(BOB, ["fast.example/4"])
@@ -65,6 +66,30 @@ def test_a_paused_upstream_holds_the_jobs_whose_next_target_is_its(
         r.unpause(upstream="slow.example")
         assert r.wait(ALICE, mixed, TIMEOUT).status == "done"
     assert script.calls.index("slow.example/2") < script.calls.index("fast.example/3")
+
+
+def test_a_limited_upstream_first_met_while_paused_starts_once_unpaused(
+    db: store.Store, runner: MakeRunner
+) -> None:
+    """A job's next target is of a limited upstream the runner first met
+    while it was paused (so it told the store no job wanted it): once
+    unpaused, the runner asks the store for its share at once, not at its
+    next periodic sync. The runner's clock stands still here, so without
+    that ask the target would never start: the stall the runner model
+    found."""
+    script = Script()
+    clock = StepClock()
+    limits = {"slow.example": batch.Limit(concurrency=1)}
+    with runner(db, script, clock=clock, upstream=host, limits=limits) as r:
+        script.hold("fast.example/1")
+        r.pause(upstream="slow.example")
+        job = r.submit(ALICE, ["fast.example/1", "slow.example/2"])
+        script.started("fast.example/1")
+        script.release("fast.example/1")
+        assert eventually(lambda: r.explain(ALICE, job)["state"] == "paused")
+        r.unpause(upstream="slow.example")
+        assert r.wait(ALICE, job, TIMEOUT).status == "done"
+    assert script.calls == ["fast.example/1", "slow.example/2"]
 
 
 def test_every_runner_of_the_store_honours_a_pause(location: str) -> None:
@@ -93,7 +118,7 @@ def test_every_runner_of_the_store_honours_a_pause(location: str) -> None:
 
 def test_a_pause_is_stored_and_outlives_the_runner(db: store.Store, runner: MakeRunner) -> None:
     script = Script()
-    with runner(db, script) as first:
+    with runner(db, script, upstream=host, limits={"slow.example": batch.Limit()}) as first:
         first.pause("alice")
         first.pause(upstream="slow.example")
         first.pause("alice")  # again: it keeps the time it was first paused

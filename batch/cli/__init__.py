@@ -52,11 +52,13 @@ from store.console import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_TERMINATED,
+    SHORT_ID,
     BadInput,
     Failure,
     Missing,
     Output,
     Parser,
+    about,
     add_db,
     add_version,
     bytes_size,
@@ -70,12 +72,12 @@ from store.console import (
     table,
 )
 
-from .. import web
+from .. import explain, web
 from ..errors import InvalidJob, JobNotFound
 from ..model import Config, Limit, Target
 from ..states import LIVE_JOB, TERMINAL_JOB, JobStatus, TargetState
 from . import demo
-from .progress import SHORT_ID, JobCaller, LiveRun, summary
+from .progress import JobCaller, LiveRun, summary
 
 __all__ = ["console_main", "main"]
 
@@ -96,8 +98,13 @@ SHORT_OF_DONE = (JobStatus.FAILED, JobStatus.PARTIAL, JobStatus.CANCELLED)
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m batch") -> int:
     """Run one command; return the exit status."""
-    name = "batch" if prog.startswith("python") else prog
-    return run(name, build_parser(prog), argv, not_found=(JobNotFound,))
+    return run(_name(prog), build_parser(prog), argv, not_found=(JobNotFound,))
+
+
+def _name(prog: str) -> str:
+    """What the command's messages start with: ``batch-runner``, or
+    ``batch`` under ``python -m batch``."""
+    return "batch" if prog.startswith("python") else prog
 
 
 def console_main() -> int:
@@ -120,7 +127,7 @@ def _demo(args: argparse.Namespace) -> Output:
                 for caller, name, paths in demo.JOBS
             }
             with demo.cancelling(site, live, jobs[demo.CANCEL_JOB]):
-                stopped = _follow(live, stop)
+                stopped = _follow(live, stop, args.name)
         print()
         summary(sys.stdout, live)
     print(site.report())
@@ -170,7 +177,7 @@ def _run_urls(args: argparse.Namespace, jobs: list[tuple[str, list[str]]]) -> Ou
         with LiveRun(db, fetch, config, out, on_target=printer) as live:
             for name, refs in jobs:
                 live.submit(args.caller, name, refs)
-            stopped = _follow(live, stop, lambda: printer is not None and printer.gone)
+            stopped = _follow(live, stop, args.name, lambda: printer is not None and printer.gone)
         if not args.json:
             print()
             summary(sys.stdout, live)
@@ -212,10 +219,14 @@ class _JsonLines:
 
 
 def _follow(
-    live: LiveRun, stop: Callable[[], str | None], gone: Callable[[], bool] = lambda: False
+    live: LiveRun,
+    stop: Callable[[], str | None],
+    name: str,
+    gone: Callable[[], bool] = lambda: False,
 ) -> str | None:
     """Follow ``live`` to its end; if stopped first (a signal, a reader gone),
-    cancel its live jobs, store what is in flight, say so, and return why."""
+    cancel its live jobs, store what is in flight, say so (as ``name``, the
+    command), and return why."""
 
     def why() -> str | None:
         return "gone" if gone() else stop()
@@ -228,8 +239,8 @@ def _follow(
     if reason != "gone":
         # On a terminal, below the board, where its last redraws keep it.
         live.note(
-            f"batch: {reason}: cancelled {cancelled} job(s); storing the {inflight} target(s)"
-            " in flight"
+            f"{name}: {reason}: cancelled {cancelled} job(s); storing the {inflight}"
+            " target(s) in flight"
         )
     live.close()
     return reason
@@ -383,8 +394,13 @@ def _pausing(args: argparse.Namespace, *, paused: bool) -> Output:
     """Pause (or unpause) what ``args`` names, if anything; show what is paused."""
     change = args.caller is not None or args.upstream is not None
     with store.open(args.db, readonly=not change) as db:
-        if change:
-            (db.pause if paused else db.unpause)(caller=args.caller, upstream=args.upstream)
+        if change and paused:
+            try:
+                db.pause(caller=args.caller, upstream=args.upstream)
+            except store.UnknownUpstream as e:
+                raise BadInput(str(e)) from None
+        elif change:
+            db.unpause(caller=args.caller, upstream=args.upstream)
         now = db.paused()
     rows = [("caller", name, since) for name, since in now.callers.items()]
     rows += [("upstream", name, since) for name, since in now.upstreams.items()]
@@ -492,42 +508,33 @@ def _serve(args: argparse.Namespace) -> Output:
         from .. import dashboard  # noqa: PLC0415 - the extra is needed by this command only
     except ImportError:
         raise Failure("the dashboard needs its extra: pip install 'batch-store[web]'") from None
-    print(f"dashboard of {args.db} on http://{args.host}:{args.port}/", flush=True)
+
+    def opened(db: store.Store) -> None:
+        # The store's path, as every message shows it: without a password.
+        print(f"dashboard of {db.path} on http://{args.host}:{args.port}/", flush=True)
+
     # The server stops on Ctrl-C or SIGTERM, and tells it again once
     # stopped: the flag says which, for the exit status.
     with stopping() as stop:
-        dashboard.serve(args.db, host=args.host, port=args.port, allow_cancel=args.allow_cancel)
+        dashboard.serve(
+            args.db,
+            host=args.host,
+            port=args.port,
+            allow_cancel=args.allow_cancel,
+            opened=opened,
+        )
         reason = stop()
     return Output(None, "", EXIT_OK if reason is None else _stopped_status(reason))
 
 
 def _explain(args: argparse.Namespace) -> Output:
-    """Why JOB is not fetching: its status, who runs it, its next URL's host."""
+    """Why JOB is not fetching: who holds it, what it waits for."""
     with store.open(args.db, readonly=True) as db:
-        job = _find(db, args.job)
-        views = {v.name: v for v in db.upstreams()}
-    pending = next((t for t in job.targets if t.status == TargetState.PENDING), None)
-    host = None if pending is None else web.host_of(Target(pending.ref))
-    view = views.get(host) if host else None
-    data: dict[str, Any] = {
-        "id": job.id,
-        "status": job.status,
-        "runner": job.runner_id,
-        "next": None if pending is None else pending.ref,
-        "upstream": host,
-        "held_for": view.held_for if view else 0.0,
-    }
-    if job.status not in LIVE_JOB:
-        why = f"it ended {job.status}"
-    elif job.runner_id is None:
-        why = "no runner holds it yet: it waits for one with room"
-    elif view is not None and view.held_for > 0:
-        why = f"its next URL's host {host} is held for {duration(view.held_for)} by a busy answer"
-    elif view is not None and view.runners:
-        why = f"its host {host} is shared by {view.runners} runner(s), {view.demand} job(s) want it"
-    else:
-        why = f"runner {job.runner_id} runs it"
-    return Output(data, f"job {job.id[:SHORT_ID]} is {job.status}: {why}")
+        where = db.whereabouts(_find(db, args.job).id)
+    if where is None:
+        raise Missing(f"no job {args.job!r} in {db.path}")
+    explained = explain.from_store(where, web.host_of)
+    return Output(explained, explain.describe(explained))
 
 
 def _find(db: store.Store, given: str) -> store.JobRow:
@@ -641,6 +648,7 @@ def _job_table(jobs: Sequence[store.JobSummary]) -> str:
 def build_parser(prog: str = "python -m batch") -> Parser:
     """The parser of every command; each command's function is its ``handler``."""
     parser = Parser(prog=prog, description="Run and inspect batch jobs.")
+    parser.set_defaults(name=_name(prog))
     also_db = add_db(parser)
     add_version(parser)
     as_json = Parser(add_help=False)
@@ -648,8 +656,8 @@ def build_parser(prog: str = "python -m batch") -> Parser:
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
 
     def add(name: str, handler: Callable[[argparse.Namespace], Output], **kw: Any) -> Parser:
-        about = (handler.__doc__ or "").splitlines()[0]
-        sub: Parser = commands.add_parser(name, help=about, description=about, **kw)
+        said = about(handler)
+        sub: Parser = commands.add_parser(name, help=said, description=said, **kw)
         sub.set_defaults(handler=handler)
         also_db(sub)
         return sub
@@ -700,7 +708,11 @@ def build_parser(prog: str = "python -m batch") -> Parser:
     for name, handler in (("pause", _pause), ("unpause", _unpause)):
         p = add(name, handler, parents=[as_json])
         p.add_argument("--caller", type=_text, help="this caller's jobs")
-        p.add_argument("--upstream", type=_text, help="this upstream's targets (a URL's host)")
+        p.add_argument(
+            "--upstream",
+            type=_text,
+            help="this upstream's targets: a host (every port), host:port, or a URL",
+        )
     p = add("explain", _explain, parents=[as_json])
     p.add_argument("job", metavar="JOB", help="a job id, or a unique prefix of one")
 
@@ -767,8 +779,10 @@ def _fetch_options(p: argparse.ArgumentParser) -> None:
     )
     pacing.add_argument(
         "--adaptive",
-        action="store_true",
-        help="learn each host's pace from its answers (under --rate and --concurrency if given)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="learn each host's pace from its answers, under --rate and --concurrency if given"
+        " (default: on; --no-adaptive keeps to those alone)",
     )
 
 

@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import TextIO
 
 import store
-from store.console import table
+from store.console import SHORT_ID, table
 
 from ..context import Context
 from ..errors import RetryLater
@@ -27,7 +27,7 @@ from ..model import Config, Target
 from ..runner import Fetch, Runner
 from ..states import EVICTED, TERMINAL_JOB, JobStatus, TargetState
 
-__all__ = ["SHORT_ID", "Board", "JobCaller", "LiveRun", "summary", "table"]
+__all__ = ["Board", "JobCaller", "LiveRun", "summary", "table"]
 
 #: Seconds between two looks at the jobs when nothing wakes the view sooner.
 TICK = 0.1
@@ -38,8 +38,6 @@ REFRESH = 0.05
 PLAIN_EVERY = 1.0
 #: Characters in a progress bar.
 BAR_WIDTH = 16
-#: Characters of a job id shown in tables (any unique prefix finds the job).
-SHORT_ID = 12
 
 #: The statuses a job shown here ends in: its own terminal ones, or
 #: ``evicted`` when it ended and ``Config.max_bytes`` evicted it before a look.
