@@ -1,9 +1,10 @@
 """The docs stay true to the code.
 
 - docs/api.md is exactly what ``python docs/api.py`` writes now;
-- every runnable example in the how-to pages runs: a fenced ``python`` block
-  whose first line is ``# runnable``, each in a fresh module, in a temporary
-  directory of its own, under a timeout;
+- every runnable example in the how-to pages runs as written after the
+  install its page names: a fenced ``python`` block whose first line is
+  ``# runnable``, each a program of its own that can import only what that
+  install brings, in a temporary directory of its own, under a timeout;
 - every relative link between the pages of docs/ leads to a file there, and
   an anchor to a heading of that file;
 - the module map in index.md names every module of both packages.
@@ -12,8 +13,10 @@
 from __future__ import annotations
 
 import importlib.util
-import math
+import json
+import os
 import re
+import subprocess
 import sys
 import types
 from collections.abc import Iterator
@@ -21,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-import batch.tracing
+from tests import installs
+from tests.helpers import ROOT
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -122,39 +126,31 @@ def test_every_howto_has_runnable_examples() -> None:
     assert not missing, f"pages without a '{RUNNABLE}' block: {missing}"
 
 
-@pytest.mark.timeout(EXAMPLE_TIMEOUT)
+@pytest.mark.timeout(EXAMPLE_TIMEOUT + 10)
 @pytest.mark.parametrize(
     ("page", "line", "code"),
     EXAMPLES,
     ids=[f"{page.name}:{line}" for page, line, _ in EXAMPLES],
 )
-def test_example_runs(
-    page: Path, line: int, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Run the block as a module of its own, in a directory of its own. Its
-    line numbers in a traceback are those of the page."""
-    monkeypatch.chdir(tmp_path)
-    _fresh_tracing(monkeypatch)
-    name = f"docs_example_{page.stem.replace('-', '_')}_{line}"
-    module = types.ModuleType(name)
-    module.__file__ = str(page)
-    monkeypatch.setitem(sys.modules, name, module)
-    exec(compile("\n" * (line - 1) + code, str(page), "exec"), module.__dict__)
-
-
-def _fresh_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """OpenTelemetry's global tracer provider as before any is set, for this
-    example only (one sets it, as an application does once): no runner of
-    a later test records spans. The runners' last look at it is forgotten
-    too, as in a new process."""
-    try:
-        from opentelemetry import trace  # noqa: PLC0415
-        from opentelemetry.util._once import Once  # noqa: PLC0415
-    except ImportError:
-        return
-    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
-    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
-    monkeypatch.setattr(batch.tracing, "_looked", (-math.inf, False))
+def test_example_runs(page: Path, line: int, code: str, tmp_path: Path) -> None:
+    """Run the block as a program of its own, in a directory of its own,
+    able to import only what the page says to install (``tests.installs``):
+    an example that needs a package its page does not name fails. Its line
+    numbers in a traceback are those of the page."""
+    allowed = tmp_path / "allowed.json"
+    named = installs.named_installs(page.read_text(encoding="utf-8"))
+    allowed.write_text(json.dumps(sorted(installs.allowed_files(named))))
+    ran = subprocess.run(
+        [sys.executable, "-m", "tests.installs", str(allowed), str(page), str(line)],
+        input=code,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=EXAMPLE_TIMEOUT,
+        check=False,
+    )
+    assert ran.returncode == 0, f"{page.name}:{line} (after pip install {named}):\n{ran.stderr}"
 
 
 def slug(heading: str) -> str:
