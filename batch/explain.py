@@ -58,13 +58,13 @@ def from_store(
         gone = {} if where.holder is None else {"runner": where.holder}
         return {**out, "state": "waiting", "runners": where.runners, **gone}
     view = None if name is None else where.upstreams.get(name)
-    if view is not None and view.held_for > 0:
+    if view is not None and view.held_until is not None:
         return {
             **out,
             "state": "upstream",
             "why": "held",
             "upstream": name,
-            "held_until": where.now + view.held_for,
+            "held_until": view.held_until,
             "runner": where.holder,
         }
     return {**out, "state": "elsewhere", "runner": where.holder}

@@ -412,8 +412,9 @@ class UpstreamState:
     ``limit``: what is configured; ``concurrency`` and ``rate``: what is in
     force (an adaptive limit's current ones; None: unbounded);
     ``inflight``: its targets being fetched; ``waiting``: jobs whose next
-    target waits on it; ``held_for``: seconds until a busy answer's hold
-    ends (0: not held); ``breaker``: ``closed``, ``open`` or ``trial``.
+    target waits on it; ``held_until``: when a busy answer's hold ends
+    (epoch seconds, as ``Runner.explain`` says it; None: not held);
+    ``breaker``: ``closed``, ``open`` or ``trial``.
     Since the runner opened: its targets ``done``, answered ``busy``, and
     ``failed`` for good.
     """
@@ -424,7 +425,7 @@ class UpstreamState:
     rate: float | None
     inflight: int
     waiting: int
-    held_for: float
+    held_until: float | None
     breaker: str
     done: int
     busy: int

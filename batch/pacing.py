@@ -321,7 +321,7 @@ class Pace:
         state = self.state(now, 0)
         return {
             "upstream": self.name,
-            "held_until": time.time() + state.held_for if state.held_for else None,
+            "held_until": state.held_until,
             "inflight": self.inflight,
             "concurrency": self.slots if self.slots is not None else self.concurrency,
             "rate": self._rate(),
@@ -337,7 +337,7 @@ class Pace:
             rate=self.rate,
             inflight=self.inflight,
             waiting=waiting,
-            held_for=max(0.0, self.held_until - now),
+            held_until=time.time() + self.held_until - now if self.held_until > now else None,
             breaker=self.breaker.value,
             done=self.done,
             busy=self.busy,

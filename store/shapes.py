@@ -300,14 +300,15 @@ class UpstreamShare:
 
 @dataclass(frozen=True, slots=True)
 class UpstreamView:
-    """An upstream as the store has it (``Store.upstreams``): ``held_for``,
-    seconds from now a busy answer holds it (0: not held); of the live
+    """An upstream as the store has it (``Store.upstreams``): ``held_until``,
+    when a busy answer's hold on it ends (epoch seconds by the store's
+    clock; None: not held); of the live
     runners' rows, how many ``runners`` want it, how many of their jobs
     (``demand``), and the ``slots`` and starts a second (``rate``) they
     hold between them."""
 
     name: str
-    held_for: float
+    held_until: float | None
     runners: int
     demand: int
     slots: int

@@ -141,7 +141,9 @@ def view(tx: Tx) -> list[UpstreamView]:
         (now,),
     )
     return [
-        UpstreamView(name, max(0.0, held_until - now), wanting, demand, slots, float(rate))
+        UpstreamView(
+            name, held_until if held_until > now else None, wanting, demand, slots, float(rate)
+        )
         for name, held_until, paced, wanting, demand, slots, rate in rows
         if held_until > now or paced
     ]

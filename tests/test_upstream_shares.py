@@ -179,7 +179,7 @@ def test_the_store_lists_what_is_held_or_wanted(db: store.Store, clock: Clock) -
     db.sync_upstreams("b", LAPSE, [UpstreamWant("other", 2, None, 5.0, 0)])
     clock.tick(2)
     views = {v.name: v for v in db.upstreams()}
-    assert views[UP].held_for == pytest.approx(28.0)
+    assert views[UP].held_until == pytest.approx(clock.now + 28.0)
     assert (views["other"].runners, views["other"].demand, views["other"].rate) == (1, 2, 5.0)
     clock.tick(30)  # a's and b's rows lapsed, and the hold is over
     assert db.upstreams() == []

@@ -494,12 +494,18 @@ def _upstreams(args: argparse.Namespace) -> Output:
     with store.open(args.db, readonly=True) as db:
         views = db.upstreams()
     rows = [
-        (v.name, duration(v.held_for), v.runners, v.demand, v.slots, f"{v.rate:g}/s") for v in views
+        (v.name, _held_for(v.held_until), v.runners, v.demand, v.slots, f"{v.rate:g}/s")
+        for v in views
     ]
     return Output(
         [dataclasses.asdict(v) for v in views],
         table(("upstream", "held for", "runners", "jobs", "slots", "rate"), rows, empty="none"),
     )
+
+
+def _held_for(until: float | None) -> str:
+    """How much longer a hold lasts, from its end (epoch seconds)."""
+    return duration(0.0 if until is None else max(0.0, until - time.time()))
 
 
 def _serve(args: argparse.Namespace) -> Output:
