@@ -29,6 +29,13 @@ Readers take no lock and wait for no writer. A session that stops inside a
 transaction is ended by the server after ``IDLE_IN_TRANSACTION`` seconds,
 which frees what it held.
 
+No state outlives a transaction: the settings a transaction needs are set
+for it alone (``SET LOCAL``, sent with its BEGIN), a read-only store is
+read-only by the ``READ ONLY`` of each of its transactions, and the locks
+it takes are transaction-level. So a session handed from one client to
+another (a transaction pooler: PgBouncer, RDS Proxy) carries nothing of
+this store's to the next.
+
 Every error the driver raises is judged in one place (``_attempt``): what
 failed before the COMMIT was sent, or in a read, is tried again if it was
 contention or a lost connection; a write whose connection dropped at or
@@ -159,14 +166,23 @@ NOW = "current_setting('batch_store.now')::float8"
 #: it commits, the mark says whether it did. All in one round trip. (A
 #: transaction id would not do: after a crash of the server, the id of a
 #: transaction whose commit was lost is given again.)
-_BEGIN_LOCKED = f"BEGIN; {_CLOCK} FROM pg_advisory_xact_lock(%s)"
+#: What every transaction sets for itself alone, right after its BEGIN: the
+#: server ends it if it idles inside (its client gone), and a statement
+#: waiting too long for a lock fails (and is tried again).
+_SETTINGS = (
+    f"SET LOCAL idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION * 1000:.0f};"
+    f" SET LOCAL lock_timeout = {LOCK_TIMEOUT * 1000:.0f}"
+)
+#: Results of a write's BEGIN and settings, before its clock's.
+_BEFORE_CLOCK = _SETTINGS.count(";") + 2
+_BEGIN_LOCKED = f"BEGIN; {_SETTINGS}; {_CLOCK} FROM pg_advisory_xact_lock(%s)"
 _MARK = (
     "INSERT INTO store_commits (conn, token, at)"
     " VALUES (%s, %s, extract(epoch FROM clock_timestamp()))"
     " ON CONFLICT (conn) DO UPDATE SET token = excluded.token, at = excluded.at, answer = NULL"
 )
 _BEGIN_SERIAL = f"{_BEGIN_LOCKED}; {_MARK}"
-_BEGIN_FENCED = f"BEGIN; {_CLOCK}; {_MARK}"
+_BEGIN_FENCED = f"BEGIN; {_SETTINGS}; {_CLOCK}; {_MARK}"
 #: The tokens of marks: a mark's token differs from every earlier one on
 #: its connection (whose key no other process shares). A counter, not a
 #: random draw: it costs no system call per transaction.
@@ -174,7 +190,7 @@ _TOKENS = itertools.count(1)
 #: Seconds a connection's mark is kept after its last write (pruned at open).
 MARKS_KEPT = 86_400.0
 #: A read sees one snapshot throughout, and may not write.
-_BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+_BEGIN_READ = f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; {_SETTINGS}"
 
 #: Errors that mean only "try again": nothing was committed.
 _CONTENTION = (
@@ -776,10 +792,11 @@ class _Tx:
         self.begun = True
         ahead = head.count(";") + 1  # the head's results, each its own set
         if self._begin is not None:
-            cur.nextset()  # past BEGIN, to the clock, read once the lock was taken
-            (now,) = cur.fetchone() or (0.0,)
+            for _ in range(_BEFORE_CLOCK):
+                cur.nextset()  # past BEGIN and the settings, to the clock
+            (now,) = cur.fetchone() or (0.0,)  # read once the lock was taken
             self._now = float(now)
-            ahead -= 1
+            ahead -= _BEFORE_CLOCK
         for _ in range(ahead if query else 0):
             cur.nextset()
         return cur
@@ -1050,21 +1067,12 @@ class PostgresDatabase(Database):
     # -- connections ------------------------------------------------------------
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        """Set up a new connection: the server ends a session idle in a
-        transaction, and a statement waiting too long for a lock."""
-        row = conn.execute(
-            "SELECT set_config('idle_in_transaction_session_timeout', %s, false),"
-            " set_config('lock_timeout', %s, false),"
-            " set_config('default_transaction_read_only', %s, false),"
-            f" {SERVER_TIME}::float8",
-            (
-                f"{IDLE_IN_TRANSACTION * 1000:.0f}",
-                f"{LOCK_TIMEOUT * 1000:.0f}",
-                "on" if self.readonly else "off",
-            ),
-        ).fetchone()
+        """Take up a new connection: its key, and the server's time then.
+        It sets nothing for the session: a pooler may hand the session to
+        another client (see the module)."""
+        row = conn.execute(f"SELECT {SERVER_TIME}::float8").fetchone()
         with self._lock:
-            self._keys[conn] = (uuid.uuid4().hex, float(row[3]) if row else 0.0)
+            self._keys[conn] = (uuid.uuid4().hex, float(row[0]) if row else 0.0)
         _QUIET_POOL.ours.add(conn)
 
     def _key(self, conn: psycopg.Connection[Any]) -> tuple[str, float]:

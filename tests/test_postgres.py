@@ -108,6 +108,28 @@ def test_readonly_open_of_an_empty_database_sets_nothing_up(server: pgserver.Ser
         store.open(where, readonly=True)
 
 
+def test_no_setting_of_the_store_outlives_its_transaction(url: str) -> None:
+    """Behind a transaction pooler, the server session a transaction ran on
+    serves another client next: what the store sets (its timeouts; read
+    only, for a read-only store) holds for that transaction alone. Here,
+    the store's own sessions, looked at between transactions."""
+    for readonly in (True, False):
+        with store.open(url, readonly=readonly) as db:
+            db.list_jobs()
+            if not readonly:
+                db.create_job("j1", "alice", ["x"])
+            pool = db._db._pool  # type: ignore[attr-defined]
+            with pool.connection() as conn:
+                settings = conn.execute(
+                    "SELECT current_setting('lock_timeout'),"
+                    " current_setting('idle_in_transaction_session_timeout'),"
+                    " current_setting('default_transaction_read_only'),"
+                    " current_setting('batch_store.now', true)"
+                ).fetchone()
+    assert settings[:3] == ("0", "0", "off")
+    assert settings[3] in (None, "")  # the store's clock: its transaction's alone
+
+
 def test_a_database_that_cannot_be_reached_is_named(server: pgserver.Server) -> None:
     with pytest.raises(store.StoreError, match="cannot open store") as caught:
         store.open(server.url("no_such_database"))
