@@ -58,6 +58,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from store import __version__
+from store.pauses import origin
 
 from .context import Context
 from .errors import BatchError, RetryLater, TargetError
@@ -211,25 +212,13 @@ def error_for_status(status: int, reason: str, retry_after_value: str | None) ->
     return TargetError(what, hint=hint)
 
 
-#: The port a URL means when it names none, by scheme.
-DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
 def host_of(target: Target) -> str | None:
     """The upstream a URL target calls, for ``Config.upstream``:
     ``scheme://host:port``, lower case, the scheme's port filled in (so
     ``https://Example.org/a`` and ``https://example.org:443/b`` share one).
-    None for a ``file`` URL or what is not a URL with a host: no pacing."""
-    try:
-        parts = urllib.parse.urlsplit(target.ref)
-        port = parts.port
-    except ValueError:
-        return None
-    scheme = parts.scheme.lower()
-    if scheme not in DEFAULT_PORTS or not parts.hostname:
-        return None
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{scheme}://{host}:{port or DEFAULT_PORTS[scheme]}"
+    None for a ``file`` URL or what is not a URL with a host: no pacing. A
+    pause may name it by its host, or ``host:port`` (``store.pauses``)."""
+    return origin(target.ref)
 
 
 def crawl_delay(upstream: str, timeout: float = TIMEOUT) -> float | None:

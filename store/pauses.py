@@ -24,7 +24,7 @@ from .db import Tx
 from .errors import UnknownUpstream
 from .shapes import Paused
 
-__all__ = ["KINDS", "covering", "covers", "known", "pause", "read", "unpause"]
+__all__ = ["KINDS", "covering", "covers", "known", "origin", "pause", "read", "unpause"]
 
 #: What can be paused.
 KINDS = ("caller", "upstream")
@@ -46,32 +46,13 @@ def covering(paused: Iterable[str], upstream: str) -> str | None:
     return next((name for name in paused if covers(name, upstream)), None)
 
 
-@functools.lru_cache(maxsize=4096)
-def _aliases(upstream: str) -> frozenset[str]:
-    """What a pause may call ``upstream`` by, besides its own name."""
-    origin = _origin(upstream)
-    if origin is None:
-        return frozenset()
-    host, port = origin
-    return frozenset({host, f"{host}:{port}", upstream.lower()})
-
-
-@functools.lru_cache(maxsize=4096)
-def _key(paused: str) -> str:
-    """A paused name as :func:`_aliases` spells them: a URL as its origin,
-    anything else in lower case."""
-    origin = _origin(paused)
-    if origin is None:
-        return paused.lower()
-    scheme = paused.split(":", 1)[0].lower()
-    return f"{scheme}://{origin[0]}:{origin[1]}"
-
-
-def _origin(name: str) -> tuple[str, int] | None:
-    """The host (lower case, an IPv6 one in brackets) and port of ``name``
-    if it is an http or https URL; else None."""
+def origin(url: str) -> str | None:
+    """The origin of an http or https URL as upstreams are named after it
+    (``batch.web.host_of``): ``scheme://host:port``, in lower case, the
+    scheme's port filled in, an IPv6 host in brackets. None for anything
+    else."""
     try:
-        parts = urllib.parse.urlsplit(name)
+        parts = urllib.parse.urlsplit(url)
         port = parts.port
     except ValueError:
         return None
@@ -79,7 +60,24 @@ def _origin(name: str) -> tuple[str, int] | None:
     if scheme not in _PORTS or not parts.hostname:
         return None
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return host, port or _PORTS[scheme]
+    return f"{scheme}://{host}:{port or _PORTS[scheme]}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _aliases(upstream: str) -> frozenset[str]:
+    """What a pause may call ``upstream`` by, besides its own name."""
+    named = origin(upstream)
+    if named is None:
+        return frozenset()
+    host_port = named.split("://", 1)[1]
+    return frozenset({named, host_port, host_port.rsplit(":", 1)[0]})
+
+
+@functools.lru_cache(maxsize=4096)
+def _key(paused: str) -> str:
+    """A paused name as :func:`_aliases` spells them: a URL as its origin,
+    anything else in lower case."""
+    return origin(paused) or paused.lower()
 
 
 def known(tx: Tx) -> list[str]:

@@ -203,3 +203,28 @@ def test_a_held_job_keeps_its_turn_whether_or_not_a_pick_passed_it() -> None:
 
     assert rotation(picked_while_paused=True) == rotation(picked_while_paused=False)
     assert rotation(picked_while_paused=True) == ["b1", "b2"]
+
+
+@pytest.mark.parametrize(
+    ("paused", "upstream", "covered"),
+    [
+        ("http://127.0.0.1:8765", "http://127.0.0.1:8765", True),  # its own name
+        ("127.0.0.1", "http://127.0.0.1:8765", True),  # its host: every port
+        ("127.0.0.1:8765", "http://127.0.0.1:8765", True),  # host:port
+        ("127.0.0.1:80", "http://127.0.0.1:8765", False),  # another port
+        ("http://127.0.0.1:8765/docs/a.pdf", "http://127.0.0.1:8765", True),  # a URL of it
+        ("https://127.0.0.1:8765/", "http://127.0.0.1:8765", False),  # another scheme
+        ("Example.ORG", "https://example.org:443", True),  # a host in any case
+        ("https://example.org/", "https://example.org:443", True),  # the scheme's port
+        ("example.org", "https://www.example.org:443", False),  # not a subdomain
+        ("[::1]", "http://[::1]:80", True),
+        ("[::1]:80", "http://[::1]:80", True),
+        ("slow.example", "slow.example", True),  # a name of the user's own
+        ("Slow.example", "slow.example", False),  # ... as given, case and all
+        ("slow", "slow.example", False),
+    ],
+)
+def test_a_pause_covers_an_upstream_by_the_names_a_person_knows_it_by(
+    paused: str, upstream: str, covered: bool
+) -> None:
+    assert store.pauses.covers(paused, upstream) is covered
