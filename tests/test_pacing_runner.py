@@ -209,3 +209,18 @@ def test_an_upstream_function_that_raises_leaves_its_target_unpaced(
         assert r.wait(ALICE, job, timeout=TIMEOUT).status == batch.JobStatus.DONE
         assert r.statistics().workers == 1
     assert "Config.upstream raised" in caplog.text
+
+
+def test_the_store_lists_an_upstream_a_runner_paces_between_its_fetches(
+    db: store.Store, runner: MakeRunner
+) -> None:
+    """``Store.upstreams`` (``batch-runner upstreams``) lists an upstream
+    while a live runner paces it, not only at the moments one of its
+    targets is in flight or waits: no job wants it here once the job ended,
+    and it is listed all the same (as wanted by no runner)."""
+    with runner(db, lambda ctx, caller, target: None, upstream=host) as r:
+        job = r.submit(ALICE, ["h1/a"])
+        assert r.wait(ALICE, job, TIMEOUT).status == "done"
+        assert eventually(
+            lambda: [(v.name, v.runners, v.demand) for v in db.upstreams()] == [("h1", 0, 0)]
+        )
