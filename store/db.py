@@ -217,10 +217,13 @@ class Database(abc.ABC):
     #: the others room between them.
     one_writer = False
 
-    #: Whether :meth:`notify` reaches the subscribers of every process (and
-    #: a lost notice is followed by ``"resync"``): watchers then look at the
-    #: store when told, rather than by a short poll.
-    notifies = False
+    @property
+    def notifies(self) -> bool:
+        """Whether :meth:`notify` reaches the subscribers of every process
+        (and a lost notice is followed by ``"resync"``): watchers then look
+        at the store when told, rather than by a short poll. (It may turn
+        False while the store is open: never back.)"""
+        return False
 
     #: Whether :meth:`queue_run` queues a run in one round trip: an engine
     #: whose round trips cost (SQLite has none to save: a submit is one

@@ -151,6 +151,9 @@ TOLD_BYTES = 7_900
 LISTEN_POLL = 0.25
 #: Seconds before the listener connects again after losing its connection.
 RETRY_LISTEN = 1.0
+#: Seconds the listener waits for the notice it sent itself (see
+#: ``_Listener``): a notice takes a round trip or two.
+PROBE_WAIT = 2.0
 
 #: The store's time as the server reads it (``PostgresDatabase.clock``).
 SERVER_TIME = "extract(epoch FROM clock_timestamp())"
@@ -921,39 +924,50 @@ class _Listener:
     left; it reconnects (after ``RETRY_LISTEN`` seconds) when the
     connection drops, and then tells every subscriber ``"resync"``.
 
-    ``_lock`` guards ``_subscribers``, ``_thread`` and the two events of the
-    thread: ``_stop``, set when the last subscriber leaves or the store
-    closes, and ``_listening``, set once its first LISTEN is made.
+    A LISTEN made through a transaction pooler (PgBouncer in transaction
+    mode, say) succeeds and hears nothing: the server session it was made
+    on serves other clients next. So before its first LISTEN the listener
+    checks that it hears: it listens on a channel of its own, and another
+    session notifies it (:meth:`_hears`). If nothing comes within
+    ``PROBE_WAIT`` seconds it says so once in the log, makes no LISTEN on
+    the store's channel (which would leave a registration on a server
+    session nobody reads, and the pooler a warning per notice), and stops:
+    ``hears`` stays False, and the store's readers keep their promises by
+    reading (``Database.notifies``). (It is False, too, until the first
+    check found that notices come: meanwhile readers read.) ``listen``, a URL that
+    reaches the server directly or through a session pooler, is where it
+    listens instead of the store's URL.
+
+    ``_lock`` guards ``_subscribers``, ``_thread``, ``deaf`` and the
+    thread's ``_stop``, set when the last subscriber leaves or the store
+    closes. ``hears`` is written by the thread alone.
     """
 
-    def __init__(self, db: PostgresDatabase) -> None:
+    def __init__(self, db: PostgresDatabase, listen: str) -> None:
         self._db = db
+        self._url = listen
+        #: Whether notices reach this listener now (it listens).
+        self.hears = False
+        #: Found that notices do not reach it: it never listens again.
+        self.deaf = False
         self._lock = threading.Lock()
         self._subscribers: dict[int, Callable[[str], None]] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._listening = threading.Event()
         self._keys = iter(range(1, 1 << 62))
 
     def add(self, callback: Callable[[str], None]) -> Callable[[], None]:
         with self._lock:
             key = next(self._keys)
             self._subscribers[key] = callback
-            if self._thread is None or not self._thread.is_alive():
+            if not self.deaf and (self._thread is None or not self._thread.is_alive()):
+                # Until it listens, ``hears`` is False: the subscriber reads
+                # meanwhile, and is told "resync" once it listens.
                 self._stop = threading.Event()
-                self._listening = threading.Event()
                 self._thread = threading.Thread(
-                    target=self._listen,
-                    args=(self._stop, self._listening),
-                    name="store-listener",
-                    daemon=True,
+                    target=self._listen, args=(self._stop,), name="store-listener", daemon=True
                 )
                 self._thread.start()
-            listening = self._listening
-        # Notices sent once this returns reach the subscriber (a notice sent
-        # before LISTEN never arrives); a server that does not answer soon
-        # is not waited for: the subscriber polls meanwhile.
-        listening.wait(LISTEN_POLL * 4)
 
         def remove() -> None:
             with self._lock:
@@ -973,6 +987,24 @@ class _Listener:
         if thread is not None and thread is not threading.current_thread():
             thread.join(LISTEN_POLL + 1.0)
 
+    def _hears(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether a notice sent through the store's URL reaches ``conn``:
+        it listens on a channel of its own (one nobody else notifies, so a
+        registration left on a pooled server session costs nothing), and a
+        session of the store's pool notifies it."""
+        probe = f"batch_store_probe_{uuid.uuid4().hex}"
+        conn.execute(f"LISTEN {probe}")
+        with psycopg.connect(
+            self._db.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+        ) as other:
+            other.execute("SELECT pg_notify(%s, 'probe')", (probe,))
+        deadline = time.monotonic() + PROBE_WAIT
+        heard = False
+        while not heard and (left := deadline - time.monotonic()) > 0:
+            heard = any(n.channel == probe for n in conn.notifies(timeout=left, stop_after=1))
+        conn.execute(f"UNLISTEN {probe}")
+        return heard
+
     def _dispatch(self, notice: str) -> None:
         with self._lock:
             callbacks = list(self._subscribers.values())
@@ -982,25 +1014,40 @@ class _Listener:
             except Exception:  # a subscriber's bug must not end the listening
                 log.exception("a subscriber of store notices raised")
 
-    def _listen(self, stop: threading.Event, listening: threading.Event) -> None:
-        """Until stopped: listen, and connect again whenever the connection
-        fails. Nothing ends this thread but ``stop``: a failure of any kind
-        is logged (once per outage) and waited out."""
-        first, failing = True, False
+    def _listen(self, stop: threading.Event) -> None:
+        """Until stopped: check once that notices come (else give up, said
+        once), then listen, and connect again whenever the connection
+        fails. Nothing else ends this thread: a failure of any kind is
+        logged (once per outage) and waited out. While it does not listen,
+        ``hears`` is False (readers read); each time it starts listening,
+        the subscribers are told ``"resync"`` (a notice sent before may
+        have been missed)."""
+        checked, failing = False, False
         while not stop.is_set():
             try:
                 with psycopg.connect(
-                    self._db.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+                    self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT
                 ) as conn:
+                    if not checked and not self._hears(conn):
+                        with self._lock:
+                            self.deaf = True
+                        log.warning(
+                            "store %s: notices do not reach this process (a transaction"
+                            " pooler between them?): it reads the store for news instead; give"
+                            " store.open(listen=...) a URL to the server directly, or through"
+                            " a session-mode pool, to be told at once",
+                            self._db.path,
+                        )
+                        return
+                    checked = True
                     conn.execute(f"LISTEN {CHANNEL}")
-                    listening.set()
-                    if not first:
-                        self._dispatch(RESYNC)  # notices may have been lost meanwhile
-                    first, failing = False, False
+                    self.hears, failing = True, False
+                    self._dispatch(RESYNC)
                     while not stop.is_set():
                         for n in conn.notifies(timeout=LISTEN_POLL):
                             self._dispatch(n.payload)
             except Exception:
+                self.hears = False
                 if stop.is_set():
                     return
                 if not failing:
@@ -1010,18 +1057,18 @@ class _Listener:
                         RETRY_LISTEN,
                         exc_info=True,
                     )
-                first, failing = False, True
+                failing = True
                 stop.wait(RETRY_LISTEN)
 
 
 class PostgresDatabase(Database):
     """A store in one PostgreSQL database (the URL's), in the current schema."""
 
-    def __init__(self, url: str, *, readonly: bool = False) -> None:
+    def __init__(self, url: str, *, readonly: bool = False, listen: str | None = None) -> None:
         self.url = url
         self.path = _without_password(url)
         self.readonly = readonly
-        self._listener = _Listener(self)
+        self._listener = _Listener(self, listen or url)
         # Each pooled connection's key, for the marks its writes leave (its
         # own for as long as it lives), and the server's time when it was
         # set up (its session was there by then). ``_lock`` guards it (the
@@ -1130,7 +1177,11 @@ class PostgresDatabase(Database):
         )
 
     queues_runs = True
-    notifies = True
+
+    @property
+    def notifies(self) -> bool:
+        """Whether notices reach this store (see ``_Listener``)."""
+        return self._listener.hears
 
     def queue_run(self, tx: Tx, new: NewRun) -> tuple[str, float]:
         """One call of the schema's function, sent with the transaction's

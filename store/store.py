@@ -718,6 +718,7 @@ def open(
     synchronous: Synchronous = "NORMAL",
     readonly: bool = False,
     clock: Callable[[], float] | None = None,
+    listen: str | None = None,
 ) -> Store:
     """Open (creating or migrating) the store at ``path``, then wake the
     queue (capacity may have freed while no one had it open).
@@ -748,6 +749,15 @@ def open(
     (seconds since the epoch), in place of the host's clock (SQLite) or the
     server's (PostgreSQL): for tests that step time. Every process on one
     store must read the same clock; leave it None in production.
+
+    ``listen`` (PostgreSQL): a ``postgresql://`` URL of the same database
+    that reaches the server directly, or through a session-mode pool, where
+    the store LISTENs for the notices that tell it at once of cancels, jobs
+    waiting for room and events (``docs/howto-scale-out.md``, poolers).
+    Without it the store listens through ``path``, and checks that it
+    hears: through a transaction pooler it does not, says so once in the
+    log, and reads the store for news instead (every 0.05 s while
+    something watches the store, 0.1 s for a runner's cancels).
     """
     if not isinstance(lease_ttl, int | float) or isinstance(lease_ttl, bool):
         raise TypeError(f"lease_ttl is a number of seconds, not {type(lease_ttl).__name__}")
@@ -769,7 +779,15 @@ def open(
             )
     if clock is not None and not callable(clock):
         raise TypeError(f"clock is a function that returns the time, not {type(clock).__name__}")
-    engine = _connect(path, synchronous=synchronous, readonly=readonly)
+    if listen is not None and not (
+        isinstance(listen, str) and listen.startswith(("postgresql://", "postgres://"))
+    ):
+        raise ValueError(f"listen is a postgresql:// URL, not {listen!r}")
+    if listen is not None and not (
+        isinstance(path, str) and path.startswith(("postgresql://", "postgres://"))
+    ):
+        raise ValueError("listen is for a PostgreSQL store: an SQLite store has no notices")
+    engine = _connect(path, synchronous=synchronous, readonly=readonly, listen=listen)
     engine.time = clock
     db = Store(
         engine,
@@ -820,12 +838,14 @@ def _paused_names(caller: str | None, upstream: str | None) -> list[tuple[str, s
     return given
 
 
-def _connect(location: str | Path, *, synchronous: Synchronous, readonly: bool) -> Database:
+def _connect(
+    location: str | Path, *, synchronous: Synchronous, readonly: bool, listen: str | None
+) -> Database:
     """The engine for ``location``: PostgreSQL for a URL, else SQLite."""
     if synchronous not in ("NORMAL", "FULL"):
         raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
     if isinstance(location, str) and location.startswith(("postgresql://", "postgres://")):
         from .postgres import PostgresDatabase  # noqa: PLC0415 (psycopg is an optional extra)
 
-        return PostgresDatabase(location, readonly=readonly)
+        return PostgresDatabase(location, readonly=readonly, listen=listen)
     return SQLiteDatabase(location, synchronous=synchronous, readonly=readonly)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import batch
 import store
 import store.events as store_events
-from tests.helpers import TIMEOUT, Clock, MakeRunner, Script
+from tests.helpers import TIMEOUT, Clock, MakeRunner, Script, eventually
 from tests.runs_helpers import advertise, finish, step
 
 pytestmark = pytest.mark.timeout(60)
@@ -203,6 +203,9 @@ def test_a_notice_that_is_not_the_stores_loses_nothing(
     import psycopg  # noqa: PLC0415
 
     with store.open(location) as db, db.watch(timeout=10.0) as watch:
+        # Notices are heard once the store found that they come (until
+        # then its watchers read the store).
+        assert eventually(lambda: db._db.notifies)  # type: ignore[attr-defined]
         with psycopg.connect(location, autocommit=True) as other:
             other.execute("SELECT pg_notify('batch_store', %s)", (junk,))
         db.create_job("j1", "alice", ["a"])
