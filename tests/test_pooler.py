@@ -8,6 +8,7 @@ the pooler restarted mid-run loses nothing."""
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import threading
 import time
@@ -35,6 +36,8 @@ def bouncer(pg_server: pgserver.Server | None) -> Iterator[pgbouncer.Bouncer]:
         pytest.skip("no PostgreSQL server here")
     binary = pgbouncer.find()
     if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI is set, and no pgbouncer can be found or installed")
         pytest.skip("no pgbouncer here, and none can be installed")
     with pgbouncer.running(binary, pg_server) as running:
         yield running
