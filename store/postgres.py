@@ -1019,10 +1019,11 @@ class _Listener:
         once), then listen, and connect again whenever the connection
         fails. Nothing else ends this thread: a failure of any kind is
         logged (once per outage) and waited out. While it does not listen,
-        ``hears`` is False (readers read); each time it starts listening,
-        the subscribers are told ``"resync"`` (a notice sent before may
-        have been missed)."""
-        checked, failing = False, False
+        ``hears`` is False (readers read). Once it listens the subscribers
+        are told ``"event"`` (the watchers read what was written before,
+        once), and after a lost connection ``"resync"`` (notices were
+        lost)."""
+        checked, failing, first = False, False, True
         while not stop.is_set():
             try:
                 with psycopg.connect(
@@ -1042,12 +1043,13 @@ class _Listener:
                     checked = True
                     conn.execute(f"LISTEN {CHANNEL}")
                     self.hears, failing = True, False
-                    self._dispatch(RESYNC)
+                    self._dispatch(EVENT if first else RESYNC)
+                    first = False
                     while not stop.is_set():
                         for n in conn.notifies(timeout=LISTEN_POLL):
                             self._dispatch(n.payload)
             except Exception:
-                self.hears = False
+                self.hears, first = False, False
                 if stop.is_set():
                     return
                 if not failing:
