@@ -48,8 +48,9 @@ def keep(s: State[C], resume: Resume) -> None:
     """The keeper thread, until the runner's workers are joined: beat three
     times per lease (and at once when room frees under ``max_live``), store
     ``running`` for jobs no batch carried within ``START_DELAY``, look for
-    jobs cancelled elsewhere and at what is paused, prune what ``Config.keep`` keeps no longer; at
-    the end, retire (release every lease)."""
+    jobs cancelled elsewhere and at what is paused, prune what
+    ``Config.keep`` keeps no longer; at the end, retire (release every
+    lease)."""
     interval = s.config.takeover_after / 3
     paces = s.rotation.paces
     keep = s.config.keep
@@ -119,15 +120,15 @@ def _store_starting(s: State[C]) -> None:
 
 
 def _sync_upstreams(s: State[C], shared: bool) -> bool:
-    """Tell the store what this runner wants of the upstreams it paces, and
-    the holds of its busy answers, and the upstreams it met; take its share
-    of each. ``shared``:
-    whether the store holds rows of this runner's upstreams (an idle runner
-    that wants none, and has none there, makes no call). Returns whether it
-    does now. The shares are taken as of the moment the sync began, as a
-    lease is renewed from the moment its beat began: a share lasts no
-    longer than its lapse from when the store granted it, and a hold told
-    and told back is the one this runner had, however long the call took."""
+    """Tell the store what this runner wants of the upstreams it paces, the
+    holds of its busy answers, and the upstreams it met; take its share of
+    each. ``shared``: whether the store holds rows of this runner's
+    upstreams (an idle runner that wants none, has none there and met none
+    makes no call). Returns whether it does now. The shares are taken as of
+    the moment the sync began, as a lease is renewed from the moment its
+    beat began: a share lasts no longer than its lapse from when the store
+    granted it, and a hold told and told back is the one this runner had,
+    however long the call took."""
     asked = s.clock.monotonic()
     wants = s.rotation.wants(asked)
     paces = s.rotation.paces

@@ -115,29 +115,29 @@ class Bouncer:
                 raise RuntimeError(f"pgbouncer did not start:\n{self.log()[-2000:]}")
             time.sleep(0.02)
 
-    def stop(self) -> None:
+    def _signal(self, signum: int) -> None:
+        """Signal PgBouncer itself (its pid file names it: ``runuser`` may
+        stand between), and wait until it and what started it have ended."""
         if self.proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(signal.SIGINT)  # at once: every client cut
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int((self.root / "pgbouncer.pid").read_text()), signum)
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
         self.proc = None
-        with contextlib.suppress(FileNotFoundError):
-            (self.root / f".s.PGSQL.{PORT}").unlink()
-
-    def restart(self) -> None:
-        """Kill the pooler (every client connection cut) and start it again."""
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
         for left in (f".s.PGSQL.{PORT}", "pgbouncer.pid"):
             with contextlib.suppress(FileNotFoundError):
                 (self.root / left).unlink()
+
+    def stop(self) -> None:
+        self._signal(signal.SIGINT)  # at once: every client cut
+
+    def restart(self) -> None:
+        """Kill the pooler (every client connection cut) and start it again."""
+        self._signal(signal.SIGKILL)
         self.start()
 
     def log(self) -> str:
