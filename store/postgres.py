@@ -987,11 +987,12 @@ class _Listener:
         if thread is not None and thread is not threading.current_thread():
             thread.join(LISTEN_POLL + 1.0)
 
-    def _hears(self, conn: psycopg.Connection[Any]) -> bool:
+    def _hears(self, conn: psycopg.Connection[Any], stop: threading.Event) -> bool | None:
         """Whether a notice sent through the store's URL reaches ``conn``:
         it listens on a channel of its own (one nobody else notifies, so a
-        registration left on a pooled server session costs nothing), and a
-        session of the store's pool notifies it."""
+        registration left on a pooled server session costs nothing), and
+        another session notifies it. None if ``stop`` is set meanwhile (it
+        is looked at every ``LISTEN_POLL`` seconds)."""
         probe = f"batch_store_probe_{uuid.uuid4().hex}"
         conn.execute(f"LISTEN {probe}")
         with psycopg.connect(
@@ -1001,7 +1002,10 @@ class _Listener:
         deadline = time.monotonic() + PROBE_WAIT
         heard = False
         while not heard and (left := deadline - time.monotonic()) > 0:
-            heard = any(n.channel == probe for n in conn.notifies(timeout=left, stop_after=1))
+            if stop.is_set():
+                return None
+            wait = min(left, LISTEN_POLL)
+            heard = any(n.channel == probe for n in conn.notifies(timeout=wait, stop_after=1))
         conn.execute(f"UNLISTEN {probe}")
         return heard
 
@@ -1029,7 +1033,10 @@ class _Listener:
                 with psycopg.connect(
                     self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT
                 ) as conn:
-                    if not checked and not self._hears(conn):
+                    heard = checked or self._hears(conn, stop)
+                    if heard is None:
+                        return  # stopped while it checked
+                    if not heard:
                         with self._lock:
                             self.deaf = True
                         log.warning(

@@ -164,3 +164,13 @@ def test_the_pooler_restarted_mid_run_loses_nothing(
         stored: list[Any] = [t for job in ids for t in r.status(ALICE, job).targets]
     assert len(stored) == 200 and all(t.status == "done" for t in stored)
     assert all(n >= 1 for n in calls.values()) and len(calls) == 200
+
+
+def test_a_store_closed_while_it_checks_its_listener_leaves_no_thread(pooled: str) -> None:
+    """The check that notices come takes up to two seconds through a
+    pooler; a store closed meanwhile stops it within a quarter second."""
+    with store.open(pooled) as db, db.watch(timeout=0):
+        pass
+    assert eventually(
+        lambda: not any(t.name == "store-listener" for t in threading.enumerate()), timeout=1.0
+    )
