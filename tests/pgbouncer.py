@@ -14,12 +14,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 from tests import pgserver
+from tests.helpers import eventually
 
 __all__ = ["Bouncer", "find", "running"]
 
@@ -109,11 +109,11 @@ class Bouncer:
             cmd = ["runuser", "-u", pgserver.USER, "--", *cmd]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         sock = self.root / f".s.PGSQL.{PORT}"
-        deadline = time.monotonic() + 30
-        while not sock.exists():  # nothing to wait on but the socket: it tells no one
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"pgbouncer did not start:\n{self.log()[-2000:]}")
-            time.sleep(0.02)
+        proc = self.proc
+        # Nothing to wait on but the socket: PgBouncer tells no one it is up.
+        up = eventually(lambda: sock.exists() or proc.poll() is not None, timeout=30)
+        if not up or not sock.exists():
+            raise RuntimeError(f"pgbouncer did not start:\n{self.log()[-2000:]}")
 
     def _signal(self, signum: int) -> None:
         """Signal PgBouncer itself (its pid file names it: ``runuser`` may
