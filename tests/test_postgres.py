@@ -175,6 +175,9 @@ def test_a_cancel_from_another_store_reaches_the_holder_by_notice(
     with store.open(url) as a_db, store.open(url) as b_db, batch.Runner(a_db, script, config) as a:
         job_id = a.submit(ALICE, ["x", "y"])
         assert within(TIMEOUT, lambda: a.statistics().waiting_retry == 1)
+        # A notice sent before the holder's store listens is not heard (the
+        # poll, made a minute here, is what covers that gap).
+        assert within(TIMEOUT, lambda: a_db._db.notifies)  # type: ignore[attr-defined]
         assert b_db.cancel_job(job_id, "alice")
         assert within(2.0, lambda: a.statistics().live == 0), a.statistics()
     assert script.calls == ["x"]
@@ -195,6 +198,7 @@ def test_a_job_waiting_for_room_reaches_a_runner_with_room_by_notice(url: str) -
         a = batch.Runner(a_db, slow, full)
         b = batch.Runner(b_db, slow, roomy)
         try:
+            assert within(TIMEOUT, lambda: b_db._db.notifies)  # type: ignore[attr-defined]
             first = a.submit(ALICE, ["1"])
             second = a.submit(ALICE, ["2"])
             assert within(2.0, lambda: b.statistics().live == 1), b.statistics()
