@@ -40,8 +40,9 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Units a figure is given in: a rate, durations, a size, a plain count, a share.
-Unit = Literal["/s", "ms", "us", "s", "B", "n", "%"]
+#: Units a figure is given in: a rate, durations, a size, a plain count, a
+#: share, round trips to the server.
+Unit = Literal["/s", "ms", "us", "s", "B", "n", "%", "rt"]
 
 #: The checkout the suite runs from.
 REPO = Path(__file__).resolve().parent.parent
@@ -235,7 +236,7 @@ def fmt(value: float, unit: Unit, *, bare: bool = False) -> str:
         value, suffix = value / (1024 * 1024), " MiB"
     elif unit == "B" and abs(value) >= 10 * 1024:
         value, suffix = value / 1024, " KiB"
-    if unit == "%":
+    if unit in ("%", "rt"):
         text = f"{value:.1f}"
     elif unit in ("/s", "s", "B", "n") or abs(value) >= 100:
         text = f"{value:,.0f}"

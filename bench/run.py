@@ -8,7 +8,8 @@ Scenarios: 1 throughput, 2 many live jobs, 3 latency, 4 the store at size,
 5 the run queue, 6 memory, 7 many I/O-bound workers, 8 the command line,
 9 a mixed stream of runs (what ``reserve_after`` costs and buys), 10
 runner processes on one database, 11 pacing against a rate-limited host,
-12 watching, 13 what queue users expect (keys, later jobs, pruning); D
+12 watching, 13 what queue users expect (keys, later jobs, pruning), 14
+a network round trip away; D
 durability (``synchronous``), only when named.
 """
 
@@ -28,6 +29,7 @@ from bench import (  # noqa: F401
     latency,
     live,
     memory,
+    network,
     pacing,
     queueing,
     runs,

@@ -34,7 +34,7 @@ from bench.measure import REPO, Options, Row, Scenario, git_state, print_table, 
 __all__ = ["ON_POSTGRES", "SCENARIOS", "join", "main"]
 
 #: The scenarios measured on PostgreSQL too (``--engine postgres``).
-ON_POSTGRES = ("1", "2", "5", "10", "11", "12", "13")
+ON_POSTGRES = ("1", "2", "5", "10", "11", "12", "13", "14")
 
 #: Every scenario imported so far, by key: each module joins as it is
 #: imported (:func:`join`).
