@@ -11,6 +11,11 @@ microseconds; an event loop's timer would round it up to a millisecond.
 
     with delayed(url, 0.0005) as far:   # far: the same database, 1 ms further
         ...
+        far.trips  # round trips made through it so far, on every connection
+
+A round trip, as counted: a client's message that follows an answer on
+its connection (or opens it). Messages sent one after another without
+waiting, as a pipeline or a multi-statement query goes, are one.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["DELAY", "delayed"]
+__all__ = ["DELAY", "Far", "delayed"]
 
 #: Seconds added each way by default: a round trip of about a millisecond
 #: more, as between two hosts of one data centre.
@@ -50,7 +55,29 @@ def _with_host(url: str, host: str) -> str:
     return f"{head}?{urllib.parse.urlencode(params)}"
 
 
-def _pump(src: socket.socket, dst: socket.socket, delay: float) -> None:
+class Far(str):
+    """The URL through the proxy, and the round trips made through it."""
+
+    trips: int = 0
+
+
+class _Turns:
+    """Whose turn it is on one connection: a client's message after the
+    server's answer is a round trip more (``Far.trips``)."""
+
+    def __init__(self, far: Far) -> None:
+        self.far = far
+        self.answered = True
+
+    def sent(self, by_client: bool) -> None:
+        if by_client and self.answered:
+            self.far.trips += 1  # only the connection's pumps write it: a race costs a count
+        self.answered = not by_client
+
+
+def _pump(
+    src: socket.socket, dst: socket.socket, delay: float, turns: _Turns, by_client: bool
+) -> None:
     """Copy what ``src`` sends to ``dst``, each piece ``delay`` seconds
     after it came; then close ``dst``'s sending side."""
     due: queue.SimpleQueue[tuple[float, bytes] | None] = queue.SimpleQueue()
@@ -69,12 +96,13 @@ def _pump(src: socket.socket, dst: socket.socket, delay: float) -> None:
     writer.start()
     with contextlib.suppress(OSError):
         while data := src.recv(_CHUNK):
+            turns.sent(by_client)
             due.put((time.monotonic() + delay, data))
     due.put(None)
     writer.join()
 
 
-def _serve(listener: socket.socket, server: str, delay: float) -> None:
+def _serve(listener: socket.socket, server: str, delay: float, far: Far) -> None:
     """Accept connections until ``listener`` is closed; each is forwarded
     to ``server`` both ways, delayed."""
     while True:
@@ -89,12 +117,15 @@ def _serve(listener: socket.socket, server: str, delay: float) -> None:
             client.close()
             upstream.close()
             continue
-        for src, dst in ((client, upstream), (upstream, client)):
-            threading.Thread(target=_pump, args=(src, dst, delay), daemon=True).start()
+        turns = _Turns(far)
+        for src, dst, by_client in ((client, upstream, True), (upstream, client, False)):
+            threading.Thread(
+                target=_pump, args=(src, dst, delay, turns, by_client), daemon=True
+            ).start()
 
 
 @contextlib.contextmanager
-def delayed(url: str, delay: float = DELAY) -> Iterator[str]:
+def delayed(url: str, delay: float = DELAY) -> Iterator[Far]:
     """The URL of the database ``url`` names (over a unix socket) reached
     through a proxy that delays each byte ``delay`` seconds each way."""
     server, port = _socket_of(url)
@@ -102,10 +133,11 @@ def delayed(url: str, delay: float = DELAY) -> Iterator[str]:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(Path(root) / f".s.PGSQL.{port}"))
         listener.listen(256)
-        thread = threading.Thread(target=_serve, args=(listener, server, delay), daemon=True)
+        far = Far(_with_host(url, root))
+        thread = threading.Thread(target=_serve, args=(listener, server, delay, far), daemon=True)
         thread.start()
         try:
-            yield _with_host(url, root)
+            yield far
         finally:
             listener.shutdown(socket.SHUT_RDWR)
             listener.close()

@@ -23,10 +23,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from bench.engine import engine, scratch
+from bench.engine import engine
+from bench.fleet import NAIVE, RUNNER, open_store, processes_rate, results_table
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Skipped, alternate
 from bench.suite import join, main
-from bench.workload import Shape, together
+from bench.workload import Shape
 
 __all__ = ["SCENARIO"]
 
@@ -34,89 +35,6 @@ __all__ = ["SCENARIO"]
 #: As many jobs as workers at least: each job runs one target at a time.
 FULL = Shape(workers=32, latency=0.025, jobs=64, per_job=40)
 QUICK = Shape(workers=32, latency=0.025, jobs=64, per_job=10)
-#: One runner process: its jobs, from the common start; prints the time its
-#: last target was stored.
-RUNNER = """
-import sys, time
-from bench.workload import CALLER, begin_at, open_runner
-url, name = sys.argv[1], sys.argv[2]
-workers, jobs, per_job = map(int, sys.argv[3:6])
-latency, start_at = float(sys.argv[6]), float(sys.argv[7])
-
-def fetch(ctx, caller, target):
-    time.sleep(latency)  # allow-sleep: the network call each target waits on
-    return {"ref": target.ref}
-
-work = [[f"{name}-{j}-{i}" for i in range(per_job)] for j in range(jobs)]
-with open_runner(url, fetch, workers=workers, max_targets=per_job) as (runner, tally):
-    begin_at(start_at)
-    for job in work:
-        runner.submit(CALLER, job)
-    tally.wait_stored(jobs * per_job)
-    print(time.time())
-"""
-
-#: One naive process: a thread pool, a connection per thread, a commit per
-#: result; prints the time its last result was committed.
-NAIVE = """
-import json, sys, threading, time
-from concurrent.futures import ThreadPoolExecutor
-import psycopg
-from bench.workload import begin_at
-url, name = sys.argv[1], sys.argv[2]
-workers, jobs, per_job = map(int, sys.argv[3:6])
-latency, start_at = float(sys.argv[6]), float(sys.argv[7])
-local = threading.local()
-opened = []
-lock = threading.Lock()
-
-def task(ref):
-    time.sleep(latency)  # allow-sleep: the network call each target waits on
-    conn = getattr(local, "conn", None)
-    if conn is None:
-        conn = local.conn = psycopg.connect(url, autocommit=True)
-        with lock:
-            opened.append(conn)
-    conn.execute(
-        "INSERT INTO results (ref, result) VALUES (%s, %s)",
-        (ref, json.dumps({"ref": ref}, separators=(",", ":"))),
-    )
-
-refs = [f"{name}-{j}-{i}" for j in range(jobs) for i in range(per_job)]
-with ThreadPoolExecutor(workers) as pool:
-    begin_at(start_at)
-    for ref in refs:
-        pool.submit(task, ref)
-print(time.time())
-for conn in opened:
-    conn.close()
-"""
-
-
-def processes_rate(child: str, processes: int, shape: Shape, setup: Callable[[str], None]) -> float:
-    """Targets per second of ``processes`` copies of ``child`` on one new
-    database (set up by ``setup``), from their common start to the last
-    target stored."""
-    with scratch() as url:
-        setup(url)
-        work = [str(shape.workers), str(shape.jobs), str(shape.per_job), str(shape.latency)]
-        took = together(child, [[url, f"p{k}", *work] for k in range(processes)])
-        return processes * shape.jobs * shape.per_job / took
-
-
-def open_store(url: str) -> None:
-    """Set the store up before the processes open it."""
-    import store  # noqa: PLC0415
-
-    store.open(url).close()
-
-
-def results_table(url: str) -> None:
-    """The naive baseline's table."""
-    import psycopg  # noqa: PLC0415 (only the PostgreSQL suite needs it)
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE results (ref TEXT PRIMARY KEY, result TEXT NOT NULL)")
 
 
 def run(opts: Options) -> list[Row]:

@@ -19,7 +19,7 @@ from .errors import StoreError
 from .schema import VERSION
 
 if TYPE_CHECKING:
-    from .shapes import Lease, NewRun, Stored, TargetOutcome
+    from .shapes import Lease, NewJobs, NewRun, Stored, TargetOutcome
 
 __all__ = [
     "CANCELLED",
@@ -188,17 +188,13 @@ class Database(abc.ABC):
         every such write updates last. Where the engine has one writer at a
         time (SQLite), every write is serial."""
 
-    def lock_keys(self, tx: Tx, owner: str, keys: Sequence[str]) -> None:  # noqa: B027
-        """Before ``tx`` inserts jobs of ``owner`` with these idempotency
-        keys (sorted): where writers side by side would otherwise wait on
-        each other's keys in the orders their jobs came in, and so in a
-        circle (PostgreSQL), lock the keys in one order first. Nothing
-        where one transaction writes at a time."""
-
     @abc.abstractmethod
-    def insert_targets(self, tx: Tx, jobs: Sequence[tuple[str, Sequence[str]]]) -> None:
-        """Insert the targets of new jobs (each an id and its refs), in
-        ``tx``, ``pending``: each engine its fastest way."""
+    def create_jobs(self, tx: Tx, new: NewJobs) -> list[str]:
+        """Store ``new`` jobs and their targets in ``tx`` (``jobs.create_jobs``
+        says what is stored), and tell the runners if any waits for room;
+        each engine its fastest way. Returns each job's id in the store
+        (another's, where its idempotency key was taken); ``NotFound`` for
+        a job to wait after that the owner has not, and nothing stored."""
 
     @abc.abstractmethod
     def record_outcomes(

@@ -357,6 +357,7 @@ class Feed:
                     if settled and len(rows) == READ_ROWS:
                         self._look = True  # more to read
                         continue
+                    rows = settled = []  # not held while this thread waits
                 self._cond.notify_all()
                 if failed is not None or not self._told_next():
                     self._look = not self._woke.wait_for(

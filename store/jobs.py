@@ -15,7 +15,7 @@ from typing import Any
 from .db import Tx, in_list
 from .errors import NotFound
 from .fence import fenced, lease_args
-from .shapes import JobRow, JobSummary, Later, Lease, TargetRow
+from .shapes import JobRow, JobSummary, Lease, NewJobs, TargetRow
 from .states import (
     ENDED_SQL,
     JOB_STATUSES,
@@ -39,7 +39,6 @@ __all__ = [
     "find_job",
     "find_targets",
     "get_job",
-    "insert_targets",
     "interrupt",
     "job_status",
     "list_jobs",
@@ -65,98 +64,69 @@ _MOVE_JOB = (
 )
 
 
-def create_jobs(
-    conn: Tx,
-    owner: str,
-    jobs: Sequence[tuple[str, Sequence[str]]],
-    now: float,
-    *,
-    runner_id: str | None = None,
-    lease_until: float | None = None,
-    leased: int | None = None,
-    names: Sequence[str | None] | None = None,
-    traces: Sequence[str | None] | None = None,
-    keys: Sequence[str | None] | None = None,
-    later: Later | None = None,
-) -> list[str]:
-    """Store the rows of new jobs of ``owner`` (each an id and its refs, and
-    its name in ``names``, its trace context in ``traces``, its idempotency
-    key in ``keys``, if given), in this order, ``queued``, submitted
-    through the runner ``runner_id`` (if any). Given ``lease_until``, the
-    first ``leased`` of them (None: all) are leased to that runner until
-    then with token 1; the others wait for a runner with room. Their
-    targets, ``pending``, are the engine's to insert
-    (``Database.insert_targets``), each its fastest way.
+def create_jobs(conn: Tx, new: NewJobs, now: float) -> list[str]:
+    """Store the rows of ``new`` jobs and their targets, ``queued`` and
+    ``pending``, at ``now`` (a row of SQL each, SQLite's way: see
+    ``Database.create_jobs``). Jobs deferred by ``new.later`` wait for no
+    runner before ``later.not_before``, nor before the jobs of ``owner`` it
+    names in ``later.after`` all ended (``NotFound`` for one there is not,
+    and nothing is stored).
 
-    Given ``later``, every one of them is deferred (none leased): no
-    runner takes it before ``later.not_before``, nor before the jobs of
-    ``owner`` it names in ``later.after`` all ended (``NotFound`` for one
-    there is not, and nothing is stored).
-
-    Returns the id each job has in the store: its own, or, if ``owner``
-    has a job with its key already (stored before, or earlier in
-    ``jobs``), that job's, and then nothing of it is stored. The unique
-    index decides, so two transactions with one key make one job: on
-    PostgreSQL the second insert waits for the first to end, then finds
-    its row."""
-    held = (
-        0
-        if runner_id is None or lease_until is None or later is not None
-        else len(jobs)
-        if leased is None
-        else leased
-    )
-    waits = 0 if later is None else _waits(conn, owner, later.after)
+    Returns the id each job has in the store: its own, or, if the owner
+    has a job with its key already (stored before, or earlier in ``new``),
+    that job's, and then nothing of it is stored. The unique index
+    decides."""
+    later, keys = new.later, new.keys
+    held = new.held
+    waits = 0 if later is None else _waits(conn, new.owner, later.after)
     deferred = (
         (0, None, 0, 0) if later is None else (1, later.not_before, waits, int(later.after_ok))
     )
+    until = None if new.lease_for is None else now + new.lease_for
     rows = [
         (
             job_id,
-            owner,
+            new.owner,
             now,
             now,
             now,
-            runner_id,
+            new.runner_id,
             *lease,
             len(refs),
-            names and names[k],
-            traces and traces[k],
+            new.names and new.names[k],
+            new.traces and new.traces[k],
             keys and keys[k],
             *deferred,
         )
-        for k, (job_id, refs) in enumerate(jobs)
-        for lease in [(runner_id, 1, lease_until) if k < held else (None, 0, None)]
+        for k, (job_id, refs) in enumerate(new.jobs)
+        for lease in [(new.runner_id, 1, until) if k < held else (None, 0, None)]
     ]
-    ids = [job_id for job_id, _ in jobs]
-    given = sorted({key for key in keys or () if key is not None})
-    if given and len(rows) == 1:
-        # One job with a key (the usual submit): the insert says whether it
-        # made it, and only a key taken costs a second look.
-        made = conn.execute(_INSERT_JOB + " RETURNING id", rows[0]).fetchone()
-        given = [] if made is not None else given
-    else:
-        conn.executemany(_INSERT_JOB, rows)
+    conn.executemany(_INSERT_JOB, rows)
+    ids = [job_id for job_id, _ in new.jobs]
+    if keys is not None:
+        given = sorted({key for key in keys if key is not None})
+        found: dict[str, str] = {}
+        for start in range(0, len(given), 500):
+            where, args = in_list("idempotency_key", given[start : start + 500])
+            found.update(
+                conn.execute(
+                    f"SELECT idempotency_key, id FROM jobs WHERE owner = ? AND {where}",
+                    (new.owner, *args),
+                ).fetchall()
+            )
+        ids = [job_id if key is None else found[key] for job_id, key in zip(ids, keys, strict=True)]
+    made = [job for job, got in zip(new.jobs, ids, strict=True) if got == job[0]]
     if later is not None and later.after:
-        # Every job of the call waits after them; one whose key was used
-        # already is not there, and takes none.
+        # Every job made waits after them.
         conn.executemany(
-            "INSERT INTO job_after (job_id, after_id) SELECT id, ? FROM jobs WHERE id = ?",
-            [(after_id, job_id) for job_id in ids for after_id in later.after],
+            "INSERT INTO job_after (job_id, after_id) VALUES (?, ?)",
+            [(job_id, after_id) for job_id, _ in made for after_id in later.after],
         )
-    if not given:
-        return ids
-    found: dict[str, str] = {}
-    for start in range(0, len(given), 500):
-        where, args = in_list("idempotency_key", given[start : start + 500])
-        found.update(
-            conn.execute(
-                f"SELECT idempotency_key, id FROM jobs WHERE owner = ? AND {where}",
-                (owner, *args),
-            ).fetchall()
-        )
-    assert keys is not None
-    return [job_id if key is None else found[key] for job_id, key in zip(ids, keys, strict=True)]
+    conn.executemany(
+        "INSERT INTO targets (job_id, pos, ref) VALUES (?, ?, ?)",
+        [(job_id, pos, ref) for job_id, refs in made for pos, ref in enumerate(refs)],
+    )
+    return ids
 
 
 _INSERT_JOB = (
@@ -187,15 +157,6 @@ def _waits(conn: Tx, owner: str, after: Sequence[str]) -> int:
     if missing:
         raise NotFound(f"no job {missing[0]!r} to wait after")
     return sum(status[job_id] in LIVE_JOB for job_id in after)
-
-
-def insert_targets(conn: Tx, jobs: Sequence[tuple[str, Sequence[str]]]) -> None:
-    """Insert the targets of new jobs, ``pending``, a statement per row
-    (``executemany``: a loop in C on SQLite)."""
-    conn.executemany(
-        "INSERT INTO targets (job_id, pos, ref) VALUES (?, ?, ?)",
-        [(job_id, pos, ref) for job_id, refs in jobs for pos, ref in enumerate(refs)],
-    )
 
 
 def set_job_status(

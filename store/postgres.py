@@ -65,11 +65,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from .db import EVENT, RESYNC, TOLD, WORK, Cursor, Database, Tx, check_not_newer, check_readable
-from .errors import Conflict, StoreError
+from .errors import Conflict, NotFound, StoreError
 from .outcomes import SERVER_FUNCTION, record_on_server
 from .runs import QUEUE_FUNCTION, queue_on_server
 from .schema import MIGRATIONS, VERSION
-from .shapes import Lease, NewRun, Stored, TargetOutcome
+from .shapes import Later, Lease, NewJobs, NewRun, Stored, TargetOutcome
 
 try:
     import psycopg
@@ -94,7 +94,10 @@ LOCK_KEY = 0x6273746F7265
 #: session at a time does that work; the others skip it.
 TRY_LOCKS = {"evict": LOCK_KEY + 1, "clock": LOCK_KEY + 2}
 #: The first of the two keys of the advisory locks of idempotency keys
-#: (``lock_keys``); the second is the key's hash.
+#: (``store_create_jobs``); the second is the key's hash. Two writers
+#: inserting jobs of the same keys, each in the order its jobs came in,
+#: would wait on each other's keys in a circle: each takes the locks of its
+#: keys in one order first. (Two keys of one hash only take turns.)
 KEYS_LOCK = 0x6B6579
 #: Seconds a session may sit idle inside a transaction before the server
 #: ends it (and so releases the write lock it holds).
@@ -532,6 +535,76 @@ _JOB_COUNTS_BY_STATUS = (
     """,
 )
 
+#: New jobs stored by one call (``PostgresDatabase.create_jobs``), the
+#: transaction's one statement: one round trip with its BEGIN and COMMIT,
+#: where the same work statement by statement took three. What
+#: ``jobs.create_jobs`` does on SQLite, in the same order: the jobs to wait
+#: after locked and counted (the first missing one answered, and nothing
+#: stored); the keys locked in one order (see ``KEYS_LOCK``); the jobs
+#: inserted (the first ``held`` leased to ``runner`` until ``at +
+#: lease_for``), a job whose key is taken left out; each job's id in the
+#: store read back, in a statement of its own so that a key another
+#: transaction committed meanwhile is seen; the targets and the waits of
+#: the jobs made; ``work`` told the runners. Written out once, as it was
+#: released: a change to it is a new step.
+_CREATE_FUNCTION = f"""
+CREATE FUNCTION store_create_jobs(
+    j_owner TEXT, j_new JSON, j_runner TEXT, j_lease_for DOUBLE PRECISION, j_held INTEGER,
+    j_deferred BOOLEAN, j_not_before DOUBLE PRECISION, j_after TEXT[], j_after_ok BOOLEAN,
+    j_work BOOLEAN, at DOUBLE PRECISION, OUT ids TEXT[], OUT missing TEXT
+) LANGUAGE plpgsql
+  -- Planned once per session, as ``store_record`` is (see there).
+  SET plan_cache_mode = force_generic_plan
+  SET jit = off
+AS $$
+DECLARE
+    j_waits INTEGER := 0;
+BEGIN
+    IF cardinality(j_after) > 0 THEN
+        PERFORM 1 FROM jobs WHERE owner = j_owner AND id = ANY (j_after) ORDER BY id FOR UPDATE;
+        SELECT a.id INTO missing FROM unnest(j_after) WITH ORDINALITY AS a (id, k)
+         WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE owner = j_owner AND jobs.id = a.id)
+         ORDER BY a.k LIMIT 1;
+        IF missing IS NOT NULL THEN
+            RETURN;
+        END IF;
+        SELECT count(*) INTO j_waits FROM unnest(j_after) AS a (id)
+          JOIN jobs ON jobs.owner = j_owner AND jobs.id = a.id
+         WHERE jobs.status IN ('queued', 'running');
+    END IF;
+    PERFORM count(pg_advisory_xact_lock({KEYS_LOCK}, h)) FROM (
+        SELECT DISTINCT hashtext(j_owner || chr(31) || (j ->> 'key')) AS h
+          FROM json_array_elements(j_new) AS j WHERE j ->> 'key' IS NOT NULL ORDER BY h
+    ) AS keys;
+    INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at, runner_id,
+                      lease_owner, lease_token, lease_until, ntargets, name, trace,
+                      idempotency_key, deferred, not_before, waits, after_ok)
+    SELECT j ->> 'id', j_owner, 'queued', at, at, at, j_runner,
+           CASE WHEN k <= j_held THEN j_runner END, CASE WHEN k <= j_held THEN 1 ELSE 0 END,
+           CASE WHEN k <= j_held THEN at + j_lease_for END,
+           json_array_length(j -> 'refs'), j ->> 'name', j ->> 'trace', j ->> 'key',
+           j_deferred::int, j_not_before, j_waits, j_after_ok::int
+      FROM json_array_elements(j_new) WITH ORDINALITY AS new (j, k) ORDER BY k
+        ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
+    SELECT array_agg(coalesce(
+               (SELECT id FROM jobs WHERE owner = j_owner AND idempotency_key = j ->> 'key'),
+               j ->> 'id') ORDER BY k)
+      INTO ids FROM json_array_elements(j_new) WITH ORDINALITY AS new (j, k);
+    INSERT INTO targets (job_id, pos, ref)
+    SELECT j ->> 'id', pos - 1, ref
+      FROM json_array_elements(j_new) WITH ORDINALITY AS new (j, k),
+           json_array_elements_text(j -> 'refs') WITH ORDINALITY AS refs (ref, pos)
+     WHERE ids[k] = j ->> 'id';
+    INSERT INTO job_after (job_id, after_id)
+    SELECT j ->> 'id', a FROM json_array_elements(j_new) WITH ORDINALITY AS new (j, k),
+           unnest(j_after) AS a
+     WHERE ids[k] = j ->> 'id';
+    IF j_work THEN
+        PERFORM pg_notify('{CHANNEL}', '{WORK}');
+    END IF;
+END $$
+"""
+
 #: Steps after ``SCHEMA``: ``UPGRADES[i]`` takes a database from version
 #: ``SCHEMA_VERSION + i`` to the next. Only ever appended.
 SCHEMA_VERSION = 4
@@ -637,6 +710,7 @@ UPGRADES: tuple[tuple[str, ...], ...] = (
     # tests an IN list as cheaply, and proves a query's chain implies the
     # ``IN`` of its partial indexes: nothing changes.
     (),
+    (_CREATE_FUNCTION,),
 )
 assert SCHEMA_VERSION + len(UPGRADES) == VERSION
 
@@ -1152,25 +1226,41 @@ class PostgresDatabase(Database):
             raise StoreError(f"store {self.path!r} is open for reading only")
         return self._run(fn, write=True, fenced=fenced)
 
-    def lock_keys(self, tx: Tx, owner: str, keys: Sequence[str]) -> None:
-        """A transaction-level advisory lock per key (the two-key form, in a
-        space of its own), taken in one order, in one statement. Two keys of
-        one hash share a lock: they only take turns."""
-        tx.execute(
-            "SELECT count(pg_advisory_xact_lock(?, h)) FROM (SELECT DISTINCT"
-            " hashtext(? || chr(31) || k) AS h FROM unnest(?::text[]) AS k ORDER BY h) AS keys",
-            (KEYS_LOCK, owner, list(keys)),
+    def create_jobs(self, tx: Tx, new: NewJobs) -> list[str]:
+        """One call of ``store_create_jobs``, sent with the transaction's
+        BEGIN and COMMIT: one round trip. The jobs go as one JSON text."""
+        later = new.later or Later()
+        jobs = json.dumps(
+            [
+                {
+                    "id": job_id,
+                    "refs": list(refs),
+                    "name": new.names and new.names[k],
+                    "trace": new.traces and new.traces[k],
+                    "key": new.keys and new.keys[k],
+                }
+                for k, (job_id, refs) in enumerate(new.jobs)
+            ]
         )
-
-    def insert_targets(self, tx: Tx, jobs: Sequence[tuple[str, Sequence[str]]]) -> None:
-        """One statement over arrays (a row at a time costs a message each:
-        2,000 targets took 0.29 s), sent without waiting for its answer."""
-        rows = [(job_id, pos, ref) for job_id, refs in jobs for pos, ref in enumerate(refs)]
-        tx.executemany(
-            "INSERT INTO targets (job_id, pos, ref)"
-            " SELECT * FROM unnest(?::text[], ?::integer[], ?::text[])",
-            [tuple(map(list, zip(*rows, strict=True)))] if rows else [],
-        )
+        ids, missing = tx.finish(
+            "SELECT ids, missing FROM store_create_jobs(?::text, ?::json, ?::text, ?::float8,"
+            f" ?::int, ?::boolean, ?::float8, ?::text[], ?::boolean, ?::boolean, {NOW})",
+            (
+                new.owner,
+                jobs,
+                new.runner_id,
+                new.lease_for,
+                new.held,
+                new.later is not None,
+                later.not_before if new.later is not None else None,
+                list(later.after),
+                later.after_ok,
+                new.wait_for_room,
+            ),
+        ).fetchone()
+        if missing is not None:
+            raise NotFound(f"no job {missing!r} to wait after")
+        return list(ids)
 
     def record_outcomes(
         self,

@@ -4,7 +4,7 @@ advertise, what runs hold, and what the store hands back."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -22,6 +22,7 @@ __all__ = [
     "JobRow",
     "JobSummary",
     "Lease",
+    "NewJobs",
     "NewRun",
     "NodeView",
     "RunView",
@@ -438,6 +439,41 @@ class RunView:
         if self.state == RunState.FAILED and self.reason:
             out["reject"] = self.reason
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class NewJobs:
+    """New jobs of ``owner`` to store in one transaction
+    (``Database.create_jobs``): each its id and refs, in this order, with
+    its name in ``names``, its trace context in ``traces``, its
+    idempotency key in ``keys`` (each None, or one per job), submitted
+    through runner ``runner_id`` (if any). Given ``lease_for``, the first
+    ``leased`` (None: all) are leased to that runner for so many seconds,
+    the others wait for any runner with room; given ``later``, all are
+    deferred until it allows, and none is leased."""
+
+    owner: str
+    jobs: Sequence[tuple[str, Sequence[str]]]
+    runner_id: str | None = None
+    lease_for: float | None = None
+    leased: int | None = None
+    names: Sequence[str | None] | None = None
+    traces: Sequence[str | None] | None = None
+    keys: Sequence[str | None] | None = None
+    later: Later | None = None
+
+    @property
+    def held(self) -> int:
+        """How many of them, the first, are leased to the runner."""
+        if self.runner_id is None or self.lease_for is None or self.later is not None:
+            return 0
+        return len(self.jobs) if self.leased is None else self.leased
+
+    @property
+    def wait_for_room(self) -> bool:
+        """Whether any of them waits for a runner with room (and the
+        runners are to be told)."""
+        return self.later is None and self.held < len(self.jobs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .db import Database, Synchronous, Tx, check_not_newer, check_readable
+from .db import WORK, Database, Synchronous, Tx, check_not_newer, check_readable
 from .errors import Conflict, StoreError
-from .jobs import insert_targets
+from .jobs import create_jobs
 from .outcomes import record
 from .schema import MIGRATIONS, VERSION
-from .shapes import Lease, Stored, TargetOutcome
+from .shapes import Lease, NewJobs, Stored, TargetOutcome
 from .wal import Folder
 
 __all__ = ["BUSY_TIMEOUT", "SQLiteDatabase"]
@@ -166,9 +166,12 @@ class SQLiteDatabase(Database):
         with self.transaction() as conn:
             return fn(self.traced(conn))
 
-    def insert_targets(self, tx: Tx, jobs: Sequence[tuple[str, Sequence[str]]]) -> None:
-        """A row at a time, in C."""
-        insert_targets(tx, jobs)
+    def create_jobs(self, tx: Tx, new: NewJobs) -> list[str]:
+        """A row of SQL at a time (``executemany``: a loop in C)."""
+        ids = create_jobs(tx, new, tx.now)
+        if new.wait_for_room:
+            self.notify(tx, WORK)
+        return ids
 
     def record_outcomes(
         self,

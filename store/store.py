@@ -40,6 +40,7 @@ from .shapes import (
     Later,
     Lease,
     Look,
+    NewJobs,
     NodeView,
     Paused,
     RunView,
@@ -207,33 +208,8 @@ class Store:
         ``owner`` has with its key already (stored before, by any process,
         or earlier in ``new``), and then nothing of it is stored."""
 
-        def create(tx: Tx) -> list[str]:
-            until = None if lease_for is None else tx.now + lease_for
-            given = sorted({key for key in keys or () if key is not None})
-            if len(given) > 1:
-                self._db.lock_keys(tx, owner, given)
-            ids = jobs.create_jobs(
-                tx,
-                owner,
-                new,
-                tx.now,
-                runner_id=runner_id,
-                lease_until=until,
-                leased=leased,
-                names=names,
-                traces=traces,
-                keys=keys,
-                later=later,
-            )
-            made = new
-            if keys is not None:  # a job whose key was taken is not made
-                made = [job for job, got in zip(new, ids, strict=True) if got == job[0]]
-            self._db.insert_targets(tx, made)
-            if later is None and (until is None or (leased is not None and leased < len(new))):
-                self._db.notify(tx, WORK)
-            return ids
-
-        return self._db.write(create, fenced=True)
+        new_jobs = NewJobs(owner, new, runner_id, lease_for, leased, names, traces, keys, later)
+        return self._db.write(lambda tx: self._db.create_jobs(tx, new_jobs), fenced=True)
 
     def set_job_status(self, job_id: str, status: JobStatus, lease: Lease | None = None) -> bool:
         """Move a live job to ``status``; False if it is gone, already terminal

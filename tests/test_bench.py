@@ -15,7 +15,9 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 #: The modules a scenario may take from: the suite's own parts.
 SHARED = {
     "bench.counting",
+    "bench.delay",
     "bench.engine",
+    "bench.fleet",
     "bench.measure",
     "bench.nginx",
     "bench.suite",
@@ -28,14 +30,14 @@ def test_every_scenario_joins_the_suite_once() -> None:
     from bench.suite import SCENARIOS  # noqa: PLC0415
 
     assert sorted(SCENARIOS, key=lambda k: (not k.isdigit(), k.zfill(3))) == [
-        *map(str, range(1, 14)),
+        *map(str, range(1, 15)),
         "D",
     ]
 
 
 def test_no_scenario_imports_another() -> None:
     scenarios = [p for p in BENCH.glob("*.py") if "join(Scenario(" in p.read_text(encoding="utf-8")]
-    assert len(scenarios) == 14
+    assert len(scenarios) == 15
     borrowed = {}
     for path in scenarios:
         tree = ast.parse(path.read_text(encoding="utf-8"))
