@@ -1,10 +1,11 @@
 """Shared fixtures: a fresh store per test on each engine (an SQLite file;
-a database of a throwaway PostgreSQL server), a clock the test moves, and
-a check that no test leaves a thread of its own running.
+a database of a throwaway PostgreSQL server, reached straight or through a
+PgBouncer in transaction mode), a clock the test moves, and a check that no
+test leaves a thread of its own running.
 
 A test that takes ``db`` or ``location`` runs once per engine. Without a
-PostgreSQL server (none installed, none installable), the PostgreSQL half
-is skipped, unless ``CI`` is set: then it fails.
+PostgreSQL server or PgBouncer (none installed, none installable), those
+runs are skipped, unless ``CI`` is set: then they fail.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from hypothesis.internal.conjecture import engine as hypothesis_engine
 
 import batch
 import store
-from tests import pgserver
+from tests import pgbouncer, pgserver
 from tests.helpers import TEMPLATE, Clock, MakeRunner, as_async, fresh
 
 #: Seconds a failing Hypothesis example may shrink (Hypothesis's own bound
@@ -57,7 +58,9 @@ def clock() -> Clock:
     return Clock()
 
 
-ENGINES = ("sqlite", "postgres")
+#: SQLite; PostgreSQL straight; PostgreSQL through a transaction pooler
+#: (a real PgBouncer in transaction mode), as it is deployed past a few hosts.
+ENGINES = ("sqlite", "postgres", "pgbouncer")
 
 
 @pytest.fixture(scope="session")
@@ -77,15 +80,43 @@ def pg_server() -> Iterator[pgserver.Server | None]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def pg_bouncer(pg_server: pgserver.Server | None) -> Iterator[pgbouncer.Bouncer | None]:
+    """One PgBouncer in transaction mode in front of ``pg_server`` for the
+    whole run, or None if there is none (nor a server)."""
+    binary = None if pg_server is None else pgbouncer.find()
+    if binary is None or pg_server is None:
+        if pg_server is not None and os.environ.get("CI"):
+            pytest.fail("CI is set, and no pgbouncer can be found or installed")
+        yield None
+        return
+    with pgbouncer.running(binary, pg_server) as bouncer:
+        yield bouncer
+
+
 @pytest.fixture(params=ENGINES)
 def fresh_location(
     request: pytest.FixtureRequest, tmp_path: Path, pg_server: pgserver.Server | None
 ) -> Callable[[], contextlib.AbstractContextManager[str]]:
     """Makes new stores on one engine, one per call (for a test that needs
     several, such as a state machine: one per example)."""
-    if request.param == "postgres" and pg_server is None:
+    if request.param != "sqlite" and pg_server is None:
         pytest.skip("no PostgreSQL server here")
+    if request.param == "pgbouncer":
+        bouncer: pgbouncer.Bouncer | None = request.getfixturevalue("pg_bouncer")
+        if bouncer is None:
+            pytest.skip("no pgbouncer here, and none can be installed")
+        return functools.partial(_pooled, bouncer, tmp_path, pg_server)
     return functools.partial(fresh, request.param, tmp_path, pg_server)
+
+
+@contextlib.contextmanager
+def _pooled(
+    bouncer: pgbouncer.Bouncer, root: Path, server: pgserver.Server | None
+) -> Iterator[str]:
+    """A new store's database, reached through the pooler."""
+    with fresh("postgres", root, server) as direct:
+        yield bouncer.url(direct)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from pathlib import Path
 from tests import pgserver
 from tests.helpers import eventually
 
-__all__ = ["Bouncer", "find", "running"]
+__all__ = ["Bouncer", "find", "fronts", "running"]
 
 #: The port in the name of its socket (``.s.PGSQL.<port>``); no TCP.
 PORT = 6432
@@ -44,6 +44,11 @@ logfile = {root}/pgbouncer.log
 pidfile = {root}/pgbouncer.pid
 ignore_startup_parameters = extra_float_digits
 """
+
+
+def fronts(location: str) -> bool:
+    """Whether a store's ``location`` is reached through the tests' pooler."""
+    return location.startswith("postgresql://") and f"port={PORT}" in location
 
 
 def find() -> str | None:

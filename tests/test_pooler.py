@@ -8,7 +8,6 @@ the pooler restarted mid-run loses nothing."""
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 import threading
 import time
@@ -30,17 +29,11 @@ ALICE = batch.Caller("alice")
 REACHES = 0.2
 
 
-@pytest.fixture(scope="module")
-def bouncer(pg_server: pgserver.Server | None) -> Iterator[pgbouncer.Bouncer]:
-    if pg_server is None:
-        pytest.skip("no PostgreSQL server here")
-    binary = pgbouncer.find()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI is set, and no pgbouncer can be found or installed")
-        pytest.skip("no pgbouncer here, and none can be installed")
-    with pgbouncer.running(binary, pg_server) as running:
-        yield running
+@pytest.fixture
+def bouncer(pg_bouncer: pgbouncer.Bouncer | None) -> pgbouncer.Bouncer:
+    if pg_bouncer is None:
+        pytest.skip("no PostgreSQL server or pgbouncer here")
+    return pg_bouncer
 
 
 @pytest.fixture
