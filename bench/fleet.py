@@ -12,13 +12,14 @@ workload from a common start: runners, or the naive baseline (scenarios
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from bench.delay import delayed
 from bench.engine import scratch
+from bench.measure import Figure, Goal, Series
 from bench.workload import Shape, together
 
-__all__ = ["NAIVE", "RUNNER", "open_store", "processes_rate", "results_table"]
+__all__ = ["NAIVE", "RUNNER", "four_against_one", "open_store", "processes_rate", "results_table"]
 
 #: One runner process: its jobs, from the common start; prints the time its
 #: last target was stored.
@@ -112,3 +113,18 @@ def results_table(url: str) -> None:
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE results (ref TEXT PRIMARY KEY, result TEXT NOT NULL)")
+
+
+def four_against_one(
+    scenario: str, what: str, rates: Mapping[str, list[float]], goal: float
+) -> Figure:
+    """The row of four runner processes against one (``rates`` by
+    ``runner4`` and ``runner1``): how the work grows with processes."""
+    return Figure(
+        scenario,
+        what,
+        "/s",
+        Series("4 runner processes", rates["runner4"]),
+        Series("1 runner process", rates["runner1"]),
+        Goal("ratio", ">=", goal),
+    )

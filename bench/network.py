@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import functools
 import itertools
-import statistics
 import threading
-import time
 import uuid
 from collections.abc import Callable
 
 import batch
+from bench import fleet
 from bench.delay import DELAY, delayed
 from bench.engine import engine, scratch
-from bench.fleet import NAIVE, RUNNER, open_store, processes_rate, results_table
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Skipped, alternate
 from bench.suite import join, main
-from bench.workload import CALLER, Shape
+from bench.workload import CALLER, Shape, timed_calls
 
 __all__ = ["SCENARIO"]
 
@@ -37,15 +35,6 @@ QUICK = Shape(workers=32, latency=0.025, jobs=40, per_job=12)
 SUBMITS = 200
 #: Targets of each job submitted.
 SUBMITTED = 20
-
-
-def _median_seconds(fn: Callable[[], object], times: int) -> float:
-    samples = []
-    for _ in range(times):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def submits() -> tuple[float, float, float, float]:
@@ -60,7 +49,7 @@ def submits() -> tuple[float, float, float, float]:
     refs = [f"t{i}" for i in range(SUBMITTED)]
     with scratch() as url, delayed(url) as far:
         with psycopg.connect(far, autocommit=True) as conn:
-            trip = _median_seconds(lambda: conn.execute("SELECT 1").fetchone(), SUBMITS)
+            trip = timed_calls(SUBMITS, lambda: conn.execute("SELECT 1").fetchone())
         with store.open(far) as db:
             ids = (uuid.uuid4().hex for _ in itertools.count())
             db.create_jobs(CALLER.id, [(next(ids), refs)], "r", lease_for=60.0)
@@ -87,7 +76,7 @@ def _submit_seconds(url: str) -> float:
     with store.open(url) as db, batch.Runner(db, fetch, batch.Config(workers=1)) as runner:
         try:
             runner.submit(CALLER, refs)  # the pool's connection made
-            return _median_seconds(lambda: runner.submit(CALLER, refs), SUBMITS)
+            return timed_calls(SUBMITS, lambda: runner.submit(CALLER, refs))
         finally:
             held.set()
 
@@ -103,10 +92,10 @@ def run(opts: Options) -> list[Row]:
     measures: dict[str, Callable[[], float]] = {}
     for n in (1, 4):
         measures[f"runner{n}"] = functools.partial(
-            processes_rate, RUNNER, n, shape, open_store, far=True
+            fleet.processes_rate, fleet.RUNNER, n, shape, fleet.open_store, far=True
         )
         measures[f"naive{n}"] = functools.partial(
-            processes_rate, NAIVE, n, shape, results_table, far=True
+            fleet.processes_rate, fleet.NAIVE, n, shape, fleet.results_table, far=True
         )
     rate = alternate(opts.rounds, measures)
     rows: list[Row] = [
@@ -144,14 +133,7 @@ def run(opts: Options) -> list[Row]:
             )
         )
     rows.append(
-        Figure(
-            "14",
-            "4 runner processes vs 1, a round trip away",
-            "/s",
-            Series("4 runner processes", rate["runner4"]),
-            Series("1 runner process", rate["runner1"]),
-            Goal("ratio", ">=", 3.0),
-        )
+        fleet.four_against_one("14", "4 runner processes vs 1, a round trip away", rate, 3.0)
     )
     return rows
 

@@ -24,7 +24,14 @@ import functools
 from collections.abc import Callable
 
 from bench.engine import engine
-from bench.fleet import NAIVE, RUNNER, open_store, processes_rate, results_table
+from bench.fleet import (
+    NAIVE,
+    RUNNER,
+    four_against_one,
+    open_store,
+    processes_rate,
+    results_table,
+)
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Skipped, alternate
 from bench.suite import join, main
 from bench.workload import Shape
@@ -74,14 +81,7 @@ def run(opts: Options) -> list[Row]:
             )
         )
     rows.append(
-        Figure(
-            "10",
-            f"4 runner processes vs 1, {shape.workers} workers each",
-            "/s",
-            Series("4 runner processes", rates["runner4"]),
-            Series("1 runner process", rates["runner1"]),
-            Goal("ratio", ">=", 2.5),
-        )
+        four_against_one("10", f"4 runner processes vs 1, {shape.workers} workers each", rates, 2.5)
     )
     return rows
 

@@ -24,10 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-import statistics
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +40,7 @@ from bench.workload import (
     raw_sqlite,
     result_json,
     scratch,
+    timed_calls,
 )
 
 __all__ = ["SCENARIO"]
@@ -135,16 +133,6 @@ def read_raw(conn: sqlite3.Connection, job_id: str) -> list[object]:
         (job_id,),
     )
     return [None if row[3] is None else json.loads(row[3]) for row in rows]
-
-
-def timed_calls(calls: int, call: Callable[[], object]) -> float:
-    """Median seconds of one of ``calls`` calls of ``call``."""
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def run(opts: Options) -> list[Row]:

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import json
 import sqlite3
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -46,6 +47,7 @@ __all__ = [
     "scratch",
     "submit",
     "targets_table",
+    "timed_calls",
 ]
 
 #: The workers of every runner and every thread pool measured: the runner's
@@ -236,6 +238,16 @@ def together(child: str, argvs: Sequence[Sequence[str]]) -> float:
 
 
 # -- what several scenarios measure alike ---------------------------------------
+
+
+def timed_calls(calls: int, call: Callable[[], object]) -> float:
+    """Median seconds of one of ``calls`` calls of ``call``."""
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 #: One row of the baselines' table: job id, position, ref.
