@@ -935,12 +935,16 @@ class _Tx:
         BEGIN, if nothing came before): one round trip for all. The cursor
         is left at the statement's rows; nothing may follow.
 
-        The rows are kept with the transaction's mark, in the same
-        statement: should the answer be lost, the rows are asked for with
-        the mark, and handed back as if it had come."""
-        assert self._mark is not None, "only a write finishes"
+        A write's rows are kept with its mark, in the same statement:
+        should the answer be lost, the rows are asked for with the mark,
+        and handed back as if it had come. (A read lost is read again.)"""
         self._sync()
         query, numbered = _translate(sql)
+        if self._mark is None:  # a read: nothing to keep, should the answer be lost
+            self.committing = True
+            if self.begun:
+                return self._conn.execute(f"{query}; COMMIT", _args(args, numbered))
+            return self._start(f"{query}; COMMIT", args, numbered)
         # Bound here, so that a value the server cannot take fails before
         # anything is sent: once the COMMIT is, a failure is judged unsure.
         text = psycopg.ClientCursor(self._conn).mogrify(query, _args(args, numbered))

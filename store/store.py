@@ -485,7 +485,7 @@ class Store:
         """What a runner looks at between its beats, in one read: the ids
         of the jobs leased to it that are terminal already (cancelled
         through another runner), and what is paused."""
-        return self._db.read(lambda tx: Look(runners.halted(tx, runner_id), pauses.read(tx)))
+        return self._db.read(lambda tx: runners.look(tx, runner_id))
 
     def retire_runner(self, runner_id: str) -> None:
         """The runner closed: its leases are released, and the next runner
