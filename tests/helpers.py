@@ -90,7 +90,9 @@ class Raw:
     def __init__(self, location: str) -> None:
         self.pg = location.startswith("postgresql://")
         if self.pg:
-            self._pg = psycopg.connect(location, autocommit=True)
+            # No prepared statement: a transaction pooler hands each one
+            # to a server session that may not have it.
+            self._pg = psycopg.connect(location, autocommit=True, prepare_threshold=None)
         else:
             self._lite = sqlite3.connect(location, timeout=TIMEOUT, isolation_level=None)
 
@@ -207,7 +209,7 @@ def write_locked(location: str) -> bool:
 @contextlib.contextmanager
 def _write_lock(location: str, *, wait: bool) -> Iterator[bool]:
     if location.startswith("postgresql://"):
-        with psycopg.connect(location, autocommit=True) as pg:
+        with psycopg.connect(location, autocommit=True, prepare_threshold=None) as pg:
             pg.execute("BEGIN")
             try:
                 pg.execute("LOCK TABLE jobs IN EXCLUSIVE MODE" + ("" if wait else " NOWAIT"))

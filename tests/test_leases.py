@@ -67,11 +67,13 @@ def test_a_beat_that_finds_the_clock_kept_takes_nothing_by_lapse(
     start = clock.now
     db.beat_runner("b", LAPSE)
     clock.tick(3 * LAPSE)  # nobody beats: a stall
-    with psycopg.connect(location, autocommit=True) as other:
-        other.execute("SELECT pg_advisory_lock(%s)", (TRY_LOCKS["clock"],))
+    with psycopg.connect(location) as other:
+        # Held by an open transaction: a transaction pooler keeps its server
+        # session for it alone until it ends.
+        other.execute("SELECT pg_advisory_xact_lock(%s)", (TRY_LOCKS["clock"],))
         # Both jobs look orphaned to it: "a" lapsed and is silent.
         assert db.beat_runner("b", LAPSE).taken == []
-        other.execute("SELECT pg_advisory_unlock(%s)", (TRY_LOCKS["clock"],))
+        other.rollback()
     assert db.beat_runner("b", LAPSE).taken == []
     assert lease_of(db, "held") == ("a", 1, start + LAPSE + 3 * LAPSE)
     assert db.get_job("waiting", "alice").status == "queued"  # type: ignore[union-attr]

@@ -89,33 +89,41 @@ def test_hooks_that_exit_end_no_worker(db: store.Store) -> None:
 # -- running is visible -----------------------------------------------------------
 
 
-def test_running_shows_at_once_and_in_the_store_within_a_tenth(db: store.Store) -> None:
+def test_running_shows_at_once_and_in_the_store_within_a_tenth(
+    db: store.Store, location: str
+) -> None:
     """Seed rule 1: a job is running from its first target. Through its runner
-    at once; in the store (for any other reader) within 0.1 s, with nothing
-    else being written meanwhile."""
+    at once; in the store (for any other reader: another store here, as
+    another process) within 0.1 s, with nothing else being written
+    meanwhile."""
     script = Script()
     script.hold("only")
-    with batch.Runner(db, script, batch.Config(workers=1)) as r:
+    with store.open(location) as other, batch.Runner(db, script, batch.Config(workers=1)) as r:
         job_id = r.submit(ALICE, ["only"])
+        assert other.get_job(job_id, "alice") is not None  # its connection made
         script.started("only")
         assert r.status(ALICE, job_id).status == "running"
-        assert within(0.1, lambda: db.get_job(job_id, "alice").status == "running")  # type: ignore[union-attr]
+        assert within(0.1, lambda: other.get_job(job_id, "alice").status == "running")  # type: ignore[union-attr]
         script.release("only")
         assert r.wait(ALICE, job_id, TIMEOUT).status == "done"
 
 
-def test_a_resumed_job_not_reached_before_shows_running_once_started(db: store.Store) -> None:
+def test_a_resumed_job_not_reached_before_shows_running_once_started(
+    db: store.Store, location: str
+) -> None:
     db.register_runner("gone")
     db.retire_runner("gone")
     db.create_job("j1", "alice", ["x", "y"], "gone")
     script = Script()
     script.hold("x")
-    with batch.Runner(db, script, batch.Config(resume=lambda cid: ALICE)) as r:
-        script.started("x")
-        assert r.status(ALICE, "j1").status == "running"
-        assert within(0.1, lambda: db.get_job("j1", "alice").status == "running")  # type: ignore[union-attr]
-        script.release("x")
-        assert r.wait(ALICE, "j1", TIMEOUT).status == "done"
+    with store.open(location) as other:
+        assert other.get_job("j1", "alice") is not None  # its connection made
+        with batch.Runner(db, script, batch.Config(resume=lambda cid: ALICE)) as r:
+            script.started("x")
+            assert r.status(ALICE, "j1").status == "running"
+            assert within(0.1, lambda: other.get_job("j1", "alice").status == "running")  # type: ignore[union-attr]
+            script.release("x")
+            assert r.wait(ALICE, "j1", TIMEOUT).status == "done"
 
 
 # -- any runner serves every job of the caller ------------------------------------
