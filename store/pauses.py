@@ -24,7 +24,7 @@ from .db import Tx
 from .errors import UnknownUpstream
 from .shapes import Paused
 
-__all__ = ["KINDS", "covering", "covers", "known", "origin", "pause", "read", "unpause"]
+__all__ = ["KINDS", "covering", "covers", "gathered", "known", "origin", "pause", "read", "unpause"]
 
 #: What can be paused.
 KINDS = ("caller", "upstream")
@@ -110,7 +110,12 @@ def unpause(tx: Tx, kind: str, name: str) -> bool:
 
 def read(tx: Tx) -> Paused:
     """What is paused now."""
+    return gathered(tx.execute("SELECT kind, name, since FROM paused ORDER BY name"))
+
+
+def gathered(rows: Iterable[tuple[str, str, float]]) -> Paused:
+    """What is paused, from rows of ``paused`` (kind, name, since) in name order."""
     found: dict[str, dict[str, float]] = {kind: {} for kind in KINDS}
-    for kind, name, since in tx.execute("SELECT kind, name, since FROM paused ORDER BY name"):
+    for kind, name, since in rows:
         found[kind][name] = since
     return Paused(found["caller"], found["upstream"])

@@ -36,7 +36,7 @@ from typing import Any
 from . import events, jobs, later, pauses, upstreams
 from .db import Tx, in_list
 from .jobs import NO_LIMIT
-from .shapes import Beat, JobRow, Look, Paused, Whereabouts
+from .shapes import Beat, JobRow, Look, Whereabouts
 from .states import LIVE_JOB, LIVE_SQL
 
 __all__ = [
@@ -184,18 +184,13 @@ def look(conn: Tx, runner_id: str) -> Look:
     """The ids of the jobs leased to ``runner_id`` that are terminal
     already, and what is paused: one statement, the read's last (on
     PostgreSQL its one round trip carries the COMMIT too)."""
-    halted: list[str] = []
-    paused: dict[str, dict[str, float]] = {kind: {} for kind in pauses.KINDS}
-    for kind, name, since in conn.finish(
+    rows = conn.finish(
         f"SELECT '', id, 0.0 FROM jobs WHERE lease_owner = ? AND status NOT IN {LIVE_SQL}"
         " UNION ALL SELECT kind, name, since FROM paused ORDER BY 2",
         (runner_id,),
-    ):
-        if kind:
-            paused[kind][name] = since
-        else:
-            halted.append(name)
-    return Look(halted, Paused(paused["caller"], paused["upstream"]))
+    ).fetchall()
+    halted = [name for kind, name, _ in rows if not kind]
+    return Look(halted, pauses.gathered(row for row in rows if row[0]))
 
 
 def whereabouts(conn: Tx, job_id: str) -> Whereabouts | None:
