@@ -69,7 +69,7 @@ def beat(s: State[C], resume: Resume) -> bool:
     try:
         try:
             with unlocked(s.lock):
-                got = s.store.beat_runner(
+                got = s.ledger.beat_runner(
                     s.id,
                     lapse,
                     room=room,
@@ -157,7 +157,7 @@ def _take_up(s: State[C], held: dict[str, int], known: set[str], resume: Resume)
     try:
         try:
             with unlocked(s.lock):
-                seen = s.store.job_leases(orphans)
+                seen = s.ledger.job_leases(orphans)
         except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
             trouble.failed(
                 "cannot read the %d job(s) runner %s holds and does not run; the next beat"
@@ -232,7 +232,7 @@ def _run_or_end(
         trouble = s.trouble("ending jobs no runner goes on with")
         try:
             with unlocked(s.lock):
-                ended = s.store.interrupt_job(row.id, INTERRUPTED_HINT, lease)
+                ended = s.ledger.interrupt_job(row.id, INTERRUPTED_HINT, lease)
         except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
             # Its lease stays this runner's: the next beat takes it up again.
             trouble.failed("cannot end job %s; the next beat tries again", row.id)

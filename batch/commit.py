@@ -162,7 +162,7 @@ def _save(s: State[C], ended: list[tuple[LiveJob[C], Outcome]]) -> None:
         outcomes = [_stored(job, o) for job, o in ended]
         try:
             with unlocked(s.lock):
-                stored = s.store.store_targets(
+                stored = s.ledger.store_targets(
                     outcomes, max_bytes=s.config.max_bytes, starting=starting
                 )
         except Exception:  # whatever the store or its driver raises: no worker dies of it
@@ -226,7 +226,7 @@ def _resync(s: State[C], refused: list[tuple[LiveJob[C], Outcome, store.StoreErr
     while True:
         try:
             with unlocked(s.lock):
-                seen = s.store.job_leases([job.id for job, _, _ in refused])
+                seen = s.ledger.job_leases([job.id for job, _, _ in refused])
             trouble.ok()
             break
         except Exception:  # whatever the store or its driver raises: no worker dies of it

@@ -86,7 +86,7 @@ def keep(s: State[C], resume: Resume) -> None:
                 s.wait(s.chores, min(due) - now)
         with unlocked(s.lock):
             try:
-                s.store.retire_runner(s.id)
+                s.ledger.retire_runner(s.id)
             except Exception:  # whatever the store or its driver raises: the keeper ends well
                 log.exception("cannot release the leases of runner %s; they lapse instead", s.id)
 
@@ -111,7 +111,7 @@ def _store_starting(s: State[C]) -> None:
     trouble = s.trouble("storing jobs running")
     try:
         with unlocked(s.lock):
-            s.store.store_targets((), starting=starting)
+            s.ledger.store_targets((), starting=starting)
     except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
         trouble.failed("cannot store %d job(s) as running; trying again", len(starting))
         give_back_starting(s, starting)
@@ -140,7 +140,7 @@ def _sync_upstreams(s: State[C], shared: bool) -> bool:
     lapse = s.config.takeover_after
     try:
         with unlocked(s.lock):
-            shares = s.store.sync_upstreams(s.id, lapse, wants, met)
+            shares = s.ledger.sync_upstreams(s.id, lapse, wants, met)
     except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
         trouble.failed("cannot share %d upstream(s) with the store; trying again", len(wants))
         s.rotation.not_shared(wants)
@@ -180,7 +180,7 @@ def _look(s: State[C]) -> None:
     changes = s.pause_changes
     try:
         with unlocked(s.lock):
-            look = s.store.look(s.id)
+            look = s.ledger.look(s.id)
     except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
         trouble.failed("cannot look for cancelled jobs; trying again")
         return

@@ -111,7 +111,7 @@ class Runner(Generic[C]):
             db, config, hooks, SYSTEM if clock is None else clock, uuid.uuid4().hex
         )
         s = self._s
-        db.register_runner(s.id, config.takeover_after)
+        s.ledger.register_runner(s.id, config.takeover_after)
         with s.lock:
             beat.beat(s, config.resume)
         self._threads = Threads(s, fetch)
@@ -240,7 +240,7 @@ class Runner(Generic[C]):
         trace = tracing.current() if s.config.tracing else None
         try:
             with store_failed():
-                stored = s.store.create_jobs(
+                stored = s.ledger.create_jobs(
                     owner,
                     [
                         (job_id, [t.ref for t in targets])

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import store
+from store.ledger import Ledger
 
 from .attempt import Outcome
 from .clock import Clock
@@ -122,6 +123,7 @@ class State(Generic[C]):
     ) -> None:
         # Set once, read without the lock.
         self.store = db
+        self.ledger = Ledger.of(db)  # what only a runner calls of the store
         self.config = config
         self.hooks = hooks
         self.clock = clock

@@ -81,7 +81,7 @@ class Threads:
             t.start()
         with _OPEN_LOCK:
             _OPEN.add(s)
-        self._unsubscribe = s.store.subscribe(functools.partial(keeper.on_notice, s))
+        self._unsubscribe = s.ledger.subscribe(functools.partial(keeper.on_notice, s))
 
     def workers(self) -> int:
         """Worker threads running; for an async fetch, the fetches the event
@@ -156,7 +156,7 @@ class Threads:
             finally:
                 s.lock.release()
         try:
-            s.store.retire_runner(s.id)
+            s.ledger.retire_runner(s.id)
         except Exception:  # noqa: BLE001 - whatever the store raises: the leases lapse instead
             log.warning("cannot release the leases of runner %s; they lapse instead", s.id)
         else:

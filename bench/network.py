@@ -26,6 +26,7 @@ from bench.engine import engine, scratch
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Skipped, alternate
 from bench.suite import join, main
 from bench.workload import CALLER, Shape, timed_calls
+from store.ledger import Ledger
 
 __all__ = ["SCENARIO"]
 
@@ -52,10 +53,10 @@ def submits() -> tuple[float, float, float, float]:
             trip = timed_calls(SUBMITS, lambda: conn.execute("SELECT 1").fetchone())
         with store.open(far) as db:
             ids = (uuid.uuid4().hex for _ in itertools.count())
-            db.create_jobs(CALLER.id, [(next(ids), refs)], "r", lease_for=60.0)
+            Ledger.of(db).create_jobs(CALLER.id, [(next(ids), refs)], "r", lease_for=60.0)
             before = far.trips
             for _ in range(SUBMITS):  # what Runner.submit writes
-                db.create_jobs(CALLER.id, [(next(ids), refs)], "r", lease_for=60.0)
+                Ledger.of(db).create_jobs(CALLER.id, [(next(ids), refs)], "r", lease_for=60.0)
             trips = (far.trips - before) / SUBMITS
         took = {where: _submit_seconds(where) for where in (far, url)}
     return trips, took[far] * 1000, took[url] * 1000, trip * 1000

@@ -42,6 +42,7 @@ from bench.workload import (
     scratch,
     timed_calls,
 )
+from store.ledger import Ledger
 
 __all__ = ["SCENARIO"]
 
@@ -95,14 +96,14 @@ def store_cost(base: str, stores: int, evicting: bool) -> float:
     """Microseconds per ``store_target`` into a live job of a copy of
     ``base``: each evicting exactly one job, or (``evicting=False``) none."""
     with copy_of(base) as path, store.open(path) as db:
-        budget = db.total_bytes() if evicting else UNLIMITED
+        budget = Ledger.of(db).total_bytes() if evicting else UNLIMITED
         job_id = uuid.uuid4().hex
-        db.create_job(job_id, CALLER.id, [ref(i) for i in range(stores)])
+        Ledger.of(db).create_job(job_id, CALLER.id, [ref(i) for i in range(stores)])
         outcomes = iter([(pos, result_json(ref(pos))) for pos in range(stores)])
 
         def store_next() -> None:
             pos, result = next(outcomes)
-            evicted = db.store_target(
+            evicted = Ledger.of(db).store_target(
                 job_id, pos, store.TargetState.DONE, result=result, max_bytes=budget
             )
             if len(evicted) != int(evicting):

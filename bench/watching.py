@@ -43,6 +43,7 @@ from bench import engine
 from bench.measure import Figure, Goal, Options, Row, Scenario, Series, Skipped, alternate
 from bench.suite import join, main
 from bench.workload import CALLER, PATIENCE, Tally, drain_rate, echo, open_runner, refs
+from store.ledger import Ledger
 
 __all__ = ["SCENARIO"]
 
@@ -84,7 +85,7 @@ def event_latencies(samples: int) -> list[float]:
         reader.watch() as events,
     ):
         for i in range(samples):
-            writer.create_job(f"e{i}", "bench", [])
+            Ledger.of(writer).create_job(f"e{i}", "bench", [])
             committed = time.perf_counter()
             while True:
                 event = events.get(timeout=PATIENCE)
@@ -102,13 +103,13 @@ def event_latencies(samples: int) -> list[float]:
 
 def _hold(db: store.Store, job_id: str) -> store.Lease:
     """A job leased to a runner elsewhere, as one that runs it holds it."""
-    db.create_job(job_id, CALLER.id, ["x"], "elsewhere", lease_for=PATIENCE)
+    Ledger.of(db).create_job(job_id, CALLER.id, ["x"], "elsewhere", lease_for=PATIENCE)
     return store.Lease("elsewhere", 1)
 
 
 def _end(db: store.Store, job_id: str, lease: store.Lease) -> float:
     """End the job through ``db``; when the commit returned."""
-    db.store_targets(
+    Ledger.of(db).store_targets(
         [
             store.TargetOutcome(
                 job_id, 0, store.TargetState.DONE, result="1", lease=lease,
@@ -131,7 +132,7 @@ def wait_latencies(samples: int) -> tuple[list[float], list[float]]:
         store.open(location) as here,
         batch.Runner(here, echo, batch.Config(workers=1)) as runner,
     ):
-        there.register_runner("elsewhere", PATIENCE)
+        Ledger.of(there).register_runner("elsewhere", PATIENCE)
         for i in range(samples):
             ours.append(_one_wait(there, f"w{i}", lambda j: runner.wait(CALLER, j, PATIENCE)))
             polled.append(_one_wait(there, f"p{i}", lambda j: _poll(here, j)))
@@ -174,7 +175,7 @@ def stored_jobs(n: int) -> Iterator[store.Store]:
     with engine.scratch() as location, store.open(location) as db:
         batch_size = 10_000
         for start in range(0, n, batch_size):
-            db.create_jobs(
+            Ledger.of(db).create_jobs(
                 "bench", [(f"g{k}", []) for k in range(start, min(n, start + batch_size))]
             )
         for k in range(0, n, 100):

@@ -24,7 +24,7 @@ from typing import Any, Generic
 __all__ = ["MODULES", "OUTPUT", "main", "render"]
 
 #: The modules documented, in this order.
-MODULES = ("batch", "batch.web", "store")
+MODULES = ("batch", "batch.web", "store", "store.ledger")
 
 #: Where the reference is written.
 OUTPUT = Path(__file__).with_name("api.md")

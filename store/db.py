@@ -41,7 +41,7 @@ Synchronous = Literal["NORMAL", "FULL"]
 
 T = TypeVar("T")
 
-#: The notices of ``Store.subscribe``: a job was cancelled (its id follows).
+#: The notices of ``Ledger.subscribe``: a job was cancelled (its id follows).
 CANCELLED = "cancel:"
 #: A job waits for a runner with room (submitted past ``max_live``, or released).
 WORK = "work"

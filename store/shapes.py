@@ -119,7 +119,7 @@ class JobRow:
 
 @dataclass(frozen=True, slots=True)
 class Later:
-    """When new jobs may start (``Store.create_jobs(later=...)``): not
+    """When new jobs may start (``Ledger.create_jobs(later=...)``): not
     before ``not_before`` (epoch seconds by the store's clock; 0: at once),
     and once the jobs ``after`` (ids, each once) all ended; with
     ``after_ok``, only if they all ended ``done``: else each ends
@@ -235,7 +235,7 @@ class Whereabouts:
 
 @dataclass(frozen=True, slots=True)
 class Look:
-    """What a runner's look between beats found (``Store.look``):
+    """What a runner's look between beats found (``Ledger.look``):
     ``halted``, the jobs leased to it that are terminal already (cancelled
     through another runner); ``paused``, what is paused on the store."""
 

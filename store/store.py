@@ -1,5 +1,6 @@
-"""``Store``: the handle users and the runner hold. Each method is one
-transaction, handed to the module that owns the operation."""
+"""``Store``: the handle a user holds. Each method is one transaction,
+handed to the module that owns the operation. What only a runner calls is
+``store.ledger.Ledger``'s."""
 
 from __future__ import annotations
 
@@ -16,9 +17,7 @@ from . import (
     events,
     gauges,
     jobs,
-    later,
     nodes,
-    outcomes,
     pauses,
     queue,
     record,
@@ -27,34 +26,26 @@ from . import (
     upstreams,
     waiting,
 )
-from .db import CANCELLED, WORK, Database, Synchronous, Tracer, Tx, in_list
+from .db import CANCELLED, Database, Synchronous, Tracer, Tx
 from .errors import StoreError
 from .explain import explain as explain_run
+from .ledger import Ledger
 from .shapes import (
     Advert,
-    Beat,
     Claim,
     Gauges,
     JobRow,
     JobSummary,
-    Later,
-    Lease,
-    Look,
-    NewJobs,
     NodeView,
     Paused,
     RunView,
     Step,
-    Stored,
-    TargetOutcome,
     TargetRow,
-    UpstreamShare,
     UpstreamView,
-    UpstreamWant,
     Whereabouts,
 )
 from .sqlite import SQLiteDatabase
-from .states import TERMINAL_JOB, JobStatus, RunState, TargetState
+from .states import TERMINAL_JOB, JobStatus, RunState
 
 __all__ = ["Store", "open"]
 
@@ -89,6 +80,7 @@ class Store:
         reserve_after: float | None,
     ) -> None:
         self._db = db
+        self._ledger = Ledger(self)
         self._feed = events.Feed(db)
         self._fleets = nodes.Fleets()
         self._reserved = waiting.Reservations()
@@ -167,57 +159,6 @@ class Store:
 
     # -- batch jobs ---------------------------------------------------------
 
-    def create_job(
-        self,
-        job_id: str,
-        owner: str,
-        refs: Sequence[str],
-        runner_id: str | None = None,
-        *,
-        lease_for: float | None = None,
-    ) -> None:
-        """Store a new job, ``queued``, with its targets ``pending`` in order,
-        submitted through runner ``runner_id``; given ``lease_for``, leased
-        to that runner for so many seconds (token 1), else waiting for any
-        runner with room."""
-        self.create_jobs(owner, [(job_id, refs)], runner_id, lease_for=lease_for)
-
-    def create_jobs(
-        self,
-        owner: str,
-        new: Sequence[tuple[str, Sequence[str]]],
-        runner_id: str | None = None,
-        *,
-        lease_for: float | None = None,
-        leased: int | None = None,
-        names: Sequence[str | None] | None = None,
-        traces: Sequence[str | None] | None = None,
-        keys: Sequence[str | None] | None = None,
-        later: Later | None = None,
-    ) -> list[str]:
-        """Store the ``new`` jobs of ``owner`` (each its id and refs, named
-        by ``names``, with the trace context of ``traces`` and the
-        idempotency key of ``keys`` if given) in one transaction, in this
-        order, as :meth:`create_job` does; given ``lease_for``, the first
-        ``leased`` (None: all) are leased to the runner, the others wait
-        for any runner with room. Given ``later``, all are deferred until
-        it allows (``jobs.create_jobs``): ``NotFound`` for a job to wait
-        after that ``owner`` has not, and nothing is stored.
-
-        Returns each job's id in the store: its own, or that of the job
-        ``owner`` has with its key already (stored before, by any process,
-        or earlier in ``new``), and then nothing of it is stored."""
-
-        new_jobs = NewJobs(owner, new, runner_id, lease_for, leased, names, traces, keys, later)
-        return self._db.write(lambda tx: self._db.create_jobs(tx, new_jobs), fenced=True)
-
-    def set_job_status(self, job_id: str, status: JobStatus, lease: Lease | None = None) -> bool:
-        """Move a live job to ``status``; False if it is gone, already terminal
-        or (given ``lease``) held by another."""
-        return self._db.write(
-            lambda tx: jobs.set_job_status(tx, job_id, status, tx.now, lease), fenced=True
-        )
-
     def cancel_job(self, job_id: str, owner: str) -> bool:
         """Cancel ``owner``'s live job, whichever runner holds it; False if
         there is no such live job."""
@@ -234,53 +175,6 @@ class Store:
         """The status of ``owner``'s job, or None if there is none."""
         return self._db.read(lambda tx: jobs.job_status(tx, job_id, owner))
 
-    def store_target(
-        self,
-        job_id: str,
-        pos: int,
-        status: TargetState,
-        *,
-        result: str | None = None,
-        error: str | None = None,
-        hint: str | None = None,
-        max_bytes: int | None = None,
-        job_status: JobStatus | None = None,
-    ) -> list[str]:
-        """Store one target's outcome; then, given ``job_status``, move the job
-        to it; then, given ``max_bytes``, evict terminal jobs past that
-        budget. All in one transaction; returns the evicted ids.
-
-        Raises ``NotFound`` if the job is gone, ``Conflict`` if the target was
-        already stored; nothing is written then.
-        """
-        outcome = TargetOutcome(job_id, pos, status, result, error, hint, job_status)
-
-        def store_one(tx: Tx) -> list[str]:
-            stored = outcomes.record(tx, [outcome], (), max_bytes)
-            if stored.refused:
-                raise stored.refused[0]  # rolls the transaction back
-            return stored.evicted
-
-        return self._db.write(store_one, fenced=True)
-
-    def store_targets(
-        self,
-        outcomes: Sequence[TargetOutcome],
-        *,
-        max_bytes: int | None = None,
-        starting: Sequence[tuple[str, Lease | None]] = (),
-    ) -> Stored:
-        """Store several targets' outcomes in one transaction (one commit for
-        all: what a busy runner needs), end the jobs whose outcome carries a
-        ``job_status``, then, given ``max_bytes``, evict terminal jobs past
-        that budget. An outcome the store refuses (its job gone, its lease
-        another's, its target stored already) does not stop the others.
-        First, the ``starting`` jobs (id and lease) still ``queued`` become
-        ``running``."""
-        return self._db.write(
-            lambda tx: self._db.record_outcomes(tx, outcomes, starting, max_bytes), fenced=True
-        )
-
     def get_job(self, job_id: str, owner: str) -> JobRow | None:
         """The job and its targets, or None if ``owner`` has no such job."""
         return self._db.read(lambda tx: jobs.get_job(tx, job_id, owner))
@@ -296,28 +190,6 @@ class Store:
         open, what is paused, the upstreams paced (``batch-runner explain``
         and ``Runner.explain`` read it). None if it is not stored."""
         return self._db.read(lambda tx: runners.whereabouts(tx, job_id))
-
-    def job_leases(self, job_ids: Sequence[str]) -> dict[str, tuple[JobRow, str | None, int]]:
-        """Each of these jobs that is stored, by id: the job with its
-        targets, the runner holding its lease (None: no runner does) and
-        the fencing token it was last leased with, all from one snapshot.
-
-        What a runner reads to learn, rather than guess, whether it still
-        holds a job: after the store refused an outcome of it (a commit
-        whose answer was lost may have stored that outcome already), or
-        when a beat renews the lease of a job it does not run."""
-
-        def read(tx: Tx) -> dict[str, tuple[JobRow, str | None, int]]:
-            leases: dict[str, tuple[str | None, int]] = {}
-            for start in range(0, len(job_ids), 500):
-                where, args = in_list("id", job_ids[start : start + 500])
-                for job_id, owner, token in tx.execute(
-                    f"SELECT id, lease_owner, lease_token FROM jobs WHERE {where}", args
-                ):
-                    leases[job_id] = (owner, token)
-            return {row.id: (row, *leases[row.id]) for row in jobs.load_jobs(tx, list(leases))}
-
-        return self._db.read(read)
 
     def find_targets(
         self, job_id: str, *, start: int = 0, limit: int | None = None
@@ -394,54 +266,7 @@ class Store:
                     break
         return pruned
 
-    def interrupt_job(
-        self, job_id: str, hint: str, lease: Lease | None = None
-    ) -> tuple[JobStatus, int] | None:
-        """End a live job no runner will go on with (pending targets ``failed``,
-        error ``interrupted``); return its terminal status and how many
-        targets that failed, or None if it is not live (or not held with
-        ``lease``)."""
-        return self._db.write(
-            lambda tx: jobs.interrupt(tx, job_id, hint, tx.now, lease), fenced=True
-        )
-
-    # -- batch runners ---------------------------------------------------------
-
-    def register_runner(self, runner_id: str, lapse: float = 5.0) -> None:
-        """Record a runner of this process as alive, its leases ``lapse``
-        seconds long (it is gone once silent for that long)."""
-        self._db.write(lambda tx: runners.register(tx, runner_id, tx.now, lapse), fenced=True)
-
-    def beat_runner(
-        self,
-        runner_id: str,
-        lapse: float,
-        *,
-        room: int | None = None,
-        foreign: bool = False,
-        keep: Sequence[str] = (),
-        release: bool = True,
-    ) -> Beat:
-        """One beat of the runner: renew its leases for ``lapse`` seconds and
-        take jobs no live runner holds (see ``runners.beat``)."""
-        return self._db.write(
-            lambda tx: runners.beat(
-                tx,
-                runner_id,
-                tx.now,
-                lapse,
-                room=room,
-                foreign=foreign,
-                keep=keep,
-                release=release,
-            ),
-            fenced=True,
-        )
-
-    def after_of(self, job_id: str) -> list[str]:
-        """The ids of the jobs ``job_id`` waits (or waited) after, in id
-        order; none for a job given no ``after``, or none there is."""
-        return self._db.read(lambda tx: later.after_of(tx, job_id))
+    # -- pauses and upstreams ---------------------------------------------------
 
     def pause(
         self,
@@ -481,57 +306,10 @@ class Store:
         """What is paused now, with when each was."""
         return self._db.read(pauses.read)
 
-    def look(self, runner_id: str) -> Look:
-        """What a runner looks at between its beats, in one read: the ids
-        of the jobs leased to it that are terminal already (cancelled
-        through another runner), and what is paused."""
-        return self._db.read(lambda tx: runners.look(tx, runner_id))
-
-    def retire_runner(self, runner_id: str) -> None:
-        """The runner closed: its leases are released, and the next runner
-        with room takes its live jobs at once."""
-
-        def retire(tx: Tx) -> None:
-            runners.retire(tx, runner_id)
-            upstreams.forget(tx, runner_id)
-            self._db.notify(tx, WORK)
-
-        self._db.write(retire, fenced=True)
-
-    def sync_upstreams(
-        self,
-        runner_id: str,
-        lapse: float,
-        wants: Sequence[UpstreamWant],
-        met: Sequence[str] = (),
-    ) -> dict[str, UpstreamShare]:
-        """Record what the runner wants of each upstream it paces, and the
-        holds its busy answers put on them; return its share of each until
-        its next sync (see ``upstreams``). Rows last ``lapse`` seconds.
-        ``met``: upstreams the runner met since its last sync, whose names
-        the store keeps (a pause may name them)."""
-        return self._db.write(
-            lambda tx: upstreams.sync(tx, runner_id, lapse, wants, met), fenced=True
-        )
-
     def upstreams(self) -> list[UpstreamView]:
         """Every upstream a busy answer holds now, or a live runner wants,
         by name, with the shares the runners hold."""
         return self._db.read(upstreams.view)
-
-    def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``callback(notice)`` on a thread of the store's for each
-        notice any process sends, until the returned function is called:
-        ``"cancel:<job id>"`` once a job is cancelled, ``"work"`` once a job
-        waits for a runner with room, ``"resync"`` after notices may have
-        been lost. The callback must not block. Best effort, and only on
-        PostgreSQL (SQLite has no channel between processes): subscribers
-        poll as well."""
-        return self._db.subscribe(callback)
-
-    def total_bytes(self) -> int:
-        """The stored bytes of every job, live and terminal."""
-        return self._db.read(jobs.total_bytes)
 
     # -- nodes ---------------------------------------------------------------
 

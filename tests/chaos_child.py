@@ -35,7 +35,7 @@ once the jobs are submitted; ``{"stopping": t}`` (see ``arm``);
   outcomes cannot be stopped inside: on PostgreSQL it is one round trip
   with its COMMIT.) The signal goes to the writing thread itself
   (``pthread_kill``), which so stops at once. It wraps
-  ``Store.beat_runner`` (to know which writes are beats) and
+  ``Ledger.beat_runner`` (to know which writes are beats) and
   ``Store._db.write`` (to reach the transaction): the one place this
   script leans on the store's internals.
 - ``finish <timeout>``: stop probing, ``Runner.wait`` each job, note the
@@ -59,6 +59,7 @@ from typing import Any
 
 import batch
 import store
+from store.ledger import Ledger
 
 
 def main() -> None:
@@ -135,7 +136,7 @@ def main() -> None:
     armed = threading.Event()
     fired = threading.Event()
     local = threading.local()
-    real_beat = db.beat_runner
+    real_beat = Ledger.of(db).beat_runner
     real_write = db._db.write
 
     def beat_runner(*args: Any, **kwargs: Any) -> Any:
@@ -191,7 +192,7 @@ def main() -> None:
             return real_write(stopping, *args, **kwargs)
         return real_write(fn, *args, **kwargs)
 
-    db.beat_runner = beat_runner  # type: ignore[method-assign]
+    Ledger.of(db).beat_runner = beat_runner  # type: ignore[method-assign]
     db._db.write = write  # type: ignore[method-assign]
 
     # -- the runner and its jobs ------------------------------------------------------

@@ -8,6 +8,7 @@ import sqlite3
 from pathlib import Path
 
 import store
+from store.ledger import Ledger
 
 JOIN_TIMEOUT = 30.0
 
@@ -32,6 +33,6 @@ def job_of(db: store.Store, job_id: str, owner: str = "alice") -> store.JobRow:
 
 def terminal_job(db: store.Store, job_id: str, nbytes: int, status: str = "done") -> None:
     """A job of exactly ``nbytes`` stored bytes (ASCII result), ended ``status``."""
-    db.create_job(job_id, "alice", ["t"])
-    db.store_target(job_id, 0, "done", result="x" * nbytes)
-    assert db.set_job_status(job_id, status)
+    Ledger.of(db).create_job(job_id, "alice", ["t"])
+    Ledger.of(db).store_target(job_id, 0, "done", result="x" * nbytes)
+    assert Ledger.of(db).set_job_status(job_id, status)

@@ -24,6 +24,7 @@ import pytest
 import batch
 import store
 from bench.counting import serving
+from store.ledger import Ledger
 from tests.helpers import frozen, within
 
 pytestmark = pytest.mark.timeout(60)
@@ -461,7 +462,7 @@ def test_pause_and_unpause_are_stored_and_shown(history: tuple[Path, list[str]])
     assert refused.returncode == 2, refused  # no runner has met it: it would pause nothing
     assert "no upstream 'example.org'" in refused.stderr
     with store.open(path) as db:  # as a runner that meets it tells the store
-        db.sync_upstreams("runner-1", 60, [], ["https://example.org:443"])
+        Ledger.of(db).sync_upstreams("runner-1", 60, [], ["https://example.org:443"])
     done = cli("pause", "--upstream", "example.org", "--db", path)
     assert [line.split()[:2] for line in done.stdout.splitlines()] == [
         ["paused", "name"],
@@ -499,8 +500,8 @@ def test_prune_deletes_what_ended_of_the_statuses_given(history: tuple[Path, lis
 def test_status_shows_when_a_job_starts_and_what_it_waits_after(tmp_path: Path) -> None:
     path = tmp_path / "jobs.sqlite3"
     with store.open(path) as db:
-        db.create_job("first-job-00000", "alice", ["a"])
-        db.create_jobs(
+        Ledger.of(db).create_job("first-job-00000", "alice", ["a"])
+        Ledger.of(db).create_jobs(
             "alice",
             [("later-job-00000", ["b"])],
             later=store.Later(2_000_000_000.0, ("first-job-00000",), after_ok=True),
@@ -748,8 +749,10 @@ def test_upstreams_and_explain_say_why_a_job_waits_on_its_host(tmp_path: Path) -
     the host is listed with its hold."""
     db_path = tmp_path / "jobs.sqlite3"
     with store.open(db_path) as db:
-        db.create_jobs("me", [("j1", ["http://example.org/a"])], "runner-1", lease_for=60)
-        db.sync_upstreams(
+        Ledger.of(db).create_jobs(
+            "me", [("j1", ["http://example.org/a"])], "runner-1", lease_for=60
+        )
+        Ledger.of(db).sync_upstreams(
             "runner-1", 60, [store.UpstreamWant("http://example.org:80", 1, None, None, 0, 30.0)]
         )
     listed = cli("upstreams", "--db", db_path)

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from store.ledger import Ledger
+
 pytest.importorskip("starlette")
 from starlette.testclient import TestClient
 
@@ -33,9 +35,9 @@ def test_the_page_is_served(client: TestClient) -> None:
 
 
 def test_jobs_newest_first_with_progress_and_filters(db: store.Store, client: TestClient) -> None:
-    db.create_jobs("alice", [("j1", ["a", "b"]), ("j2", ["c"])], names=["first", None])
-    db.create_jobs("bob", [("j3", ["d"])])
-    db.store_target("j1", 0, store.TargetState.DONE, result="1")
+    Ledger.of(db).create_jobs("alice", [("j1", ["a", "b"]), ("j2", ["c"])], names=["first", None])
+    Ledger.of(db).create_jobs("bob", [("j3", ["d"])])
+    Ledger.of(db).store_target("j1", 0, store.TargetState.DONE, result="1")
     db.cancel_job("j2", "alice")
     jobs = client.get("/api/jobs").json()
     assert [j["id"] for j in jobs] == ["j3", "j2", "j1"]
@@ -64,8 +66,8 @@ def test_jobs_newest_first_with_progress_and_filters(db: store.Store, client: Te
 
 
 def test_a_job_with_its_targets(db: store.Store, client: TestClient) -> None:
-    db.create_job("j1", "alice", ["a", "b"])
-    db.store_target("j1", 1, store.TargetState.FAILED, error="gone", hint="check it")
+    Ledger.of(db).create_job("j1", "alice", ["a", "b"])
+    Ledger.of(db).store_target("j1", 1, store.TargetState.FAILED, error="gone", hint="check it")
     job = client.get("/api/jobs/j1").json()
     assert [(t["ref"], t["status"], t["error"], t["hint"]) for t in job["targets"]] == [
         ("a", "pending", None, None),
@@ -75,7 +77,7 @@ def test_a_job_with_its_targets(db: store.Store, client: TestClient) -> None:
 
 
 def test_cancel_only_when_allowed(db: store.Store, client: TestClient) -> None:
-    db.create_job("j1", "alice", ["a"])
+    Ledger.of(db).create_job("j1", "alice", ["a"])
     refused = client.post("/api/jobs/j1/cancel")
     assert refused.status_code == 403
     assert db.job_status("j1", "alice") == "queued"
@@ -119,11 +121,11 @@ def test_runs_nodes_and_gauges(db: store.Store, client: TestClient) -> None:
 
 def test_what_is_paused_and_jobs_that_start_later(db: store.Store, client: TestClient) -> None:
     assert client.get("/api/paused").json() == {"callers": {}, "upstreams": {}}
-    db.sync_upstreams("runner-1", 60, [], ["https://example.org:443"])  # a runner met it
+    Ledger.of(db).sync_upstreams("runner-1", 60, [], ["https://example.org:443"])  # a runner met it
     db.pause(caller="alice", upstream="example.org")
     paused = client.get("/api/paused").json()
     assert (list(paused["callers"]), list(paused["upstreams"])) == (["alice"], ["example.org"])
-    db.create_jobs("bob", [("j1", ["a"])], later=store.Later(not_before=2e9))
+    Ledger.of(db).create_jobs("bob", [("j1", ["a"])], later=store.Later(not_before=2e9))
     (job,) = client.get("/api/jobs").json()
     assert (job["deferred"], job["not_before"]) == (True, 2e9)
 
@@ -131,7 +133,7 @@ def test_what_is_paused_and_jobs_that_start_later(db: store.Store, client: TestC
 def test_events_stream_resumes_after_the_last_seen(db: store.Store, client: TestClient) -> None:
     """The stream sends each event with its seq as the id; a browser that
     reconnects with Last-Event-ID gets what came after it."""
-    db.create_job("j1", "alice", ["a"])
+    Ledger.of(db).create_job("j1", "alice", ["a"])
     db.cancel_job("j1", "alice")
     frames = _frames(client, {"Last-Event-ID": "0"}, 2)
     assert [(f["event"], f["id"]) for f in frames] == [("job.submitted", "1"), ("job.ended", "2")]
@@ -145,11 +147,11 @@ def test_a_stream_from_events_pruned_says_reload_and_goes_on(location: str, cloc
     """A page back after the events it last saw were pruned is told to read
     everything afresh, then gets what happens from now on."""
     with store.open(location, clock=clock.time) as db, TestClient(dashboard.app(db)) as c:
-        db.create_job("old", "alice", ["a"])
+        Ledger.of(db).create_job("old", "alice", ["a"])
         clock.tick(store.events.KEPT + 1)
-        db.create_job("newer", "alice", ["a"])
-        db.register_runner("r1")
-        db.beat_runner("r1", 30.0, room=0)  # prunes "old"'s event
+        Ledger.of(db).create_job("newer", "alice", ["a"])
+        Ledger.of(db).register_runner("r1")
+        Ledger.of(db).beat_runner("r1", 30.0, room=0)  # prunes "old"'s event
         frames: list[dict[str, str]] = []
         frame: dict[str, str] = {}
         with c.stream("GET", "/api/events", headers={"Last-Event-ID": "0"}) as answer:
@@ -161,7 +163,7 @@ def test_a_stream_from_events_pruned_says_reload_and_goes_on(location: str, cloc
                 if "event" in frame:
                     frames.append(frame)
                     if frame["event"] == "reload":
-                        db.create_job("later", "alice", ["a"])
+                        Ledger.of(db).create_job("later", "alice", ["a"])
                     else:
                         break
                 frame = {}

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from store.ledger import Ledger
+
 pytest.importorskip("starlette")
 pytest.importorskip("selenium")
 from selenium.webdriver.common.by import By
@@ -155,7 +157,7 @@ def test_a_cancel_from_the_page_ends_the_job(location: str, page: Any) -> None:
 
 def test_a_read_only_page_offers_no_cancel(location: str, page: Any) -> None:
     with store.open(location) as db, serving(location) as url:
-        db.create_job("j1", "alice", ["a"])
+        Ledger.of(db).create_job("j1", "alice", ["a"])
         page.get(url)
         wait = WebDriverWait(page, TIMEOUT * 2)
         wait.until(lambda p: "queued" in _row_text(p, "j1"))

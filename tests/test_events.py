@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import batch
 import store
 import store.events as store_events
+from store.ledger import Ledger
 from tests import pgbouncer
 from tests.helpers import TIMEOUT, Clock, MakeRunner, Script, eventually
 from tests.runs_helpers import advertise, finish, step
@@ -44,14 +45,14 @@ def test_each_change_of_a_job_is_one_event_in_order(db: store.Store) -> None:
     and size), started, each target stored, ended with its status; a
     cancel ends a job too. Numbers increase by one."""
     with db.watch() as watch:
-        db.create_jobs("alice", [("j1", ["a", "b"])], names=["first"])
-        db.register_runner("r1")
-        ((_, token),) = db.beat_runner("r1", 30.0, room=1, foreign=True).taken
+        Ledger.of(db).create_jobs("alice", [("j1", ["a", "b"])], names=["first"])
+        Ledger.of(db).register_runner("r1")
+        ((_, token),) = Ledger.of(db).beat_runner("r1", 30.0, room=1, foreign=True).taken
         lease = store.Lease("r1", token)
-        db.store_targets(
+        Ledger.of(db).store_targets(
             [store.TargetOutcome("j1", 0, store.TargetState.DONE, result="1", lease=lease)]
         )
-        db.store_targets(
+        Ledger.of(db).store_targets(
             [
                 store.TargetOutcome(
                     "j1",
@@ -63,7 +64,7 @@ def test_each_change_of_a_job_is_one_event_in_order(db: store.Store) -> None:
                 )
             ]
         )
-        db.create_job("j2", "bob", ["x"])
+        Ledger.of(db).create_job("j2", "bob", ["x"])
         assert db.cancel_job("j2", "bob")
         seen = take(watch, 7)
         assert watch.get(0.2) is None
@@ -114,7 +115,7 @@ def test_events_carry_the_stores_clock(location: str, clock: Clock) -> None:
     """An event's ``at`` is its transaction's time on the store's clock."""
     with store.open(location, clock=clock.time) as db, db.watch() as watch:
         clock.tick(10.0)
-        db.create_job("j1", "alice", ["a"])
+        Ledger.of(db).create_job("j1", "alice", ["a"])
         (event,) = take(watch, 1)
     assert event.at == clock.time()
 
@@ -142,11 +143,11 @@ def test_each_change_of_a_run_is_one_event(db: store.Store) -> None:
 
 def test_a_change_that_rolls_back_writes_no_event(db: store.Store) -> None:
     """A submit refused (a duplicate id) leaves no event behind."""
-    db.create_job("j1", "alice", ["a"])
+    Ledger.of(db).create_job("j1", "alice", ["a"])
     with db.watch() as watch:
         with pytest.raises(store.Conflict):
-            db.create_jobs("alice", [("j9", ["a"]), ("j1", ["b"])])
-        db.create_job("j2", "alice", ["a"])
+            Ledger.of(db).create_jobs("alice", [("j9", ["a"]), ("j1", ["b"])])
+        Ledger.of(db).create_job("j2", "alice", ["a"])
         assert kinds(take(watch, 1)) == [("job.submitted", "j2")]
 
 
@@ -155,7 +156,7 @@ def test_a_watch_resumes_after_the_last_event_it_saw(db: store.Store) -> None:
     and repeats none; a watch from the start sees every event kept."""
     with db.watch(since=0) as everything:
         for k in range(6):
-            db.create_job(f"j{k}", "alice", ["a"])
+            Ledger.of(db).create_job(f"j{k}", "alice", ["a"])
         seen = take(everything, 6)
     for cut in range(len(seen)):
         with db.watch(since=seen[cut].seq) as rest:
@@ -168,7 +169,7 @@ def test_another_handle_sees_what_one_writes(location: str) -> None:
     own connections), within the poll or the notice."""
     with store.open(location) as writer, store.open(location) as reader:
         with reader.watch(timeout=5.0) as watch:
-            writer.create_job("j1", "alice", ["a"])
+            Ledger.of(writer).create_job("j1", "alice", ["a"])
             event = next(watch)
         assert (event.kind, event.id) == ("job.submitted", "j1")
 
@@ -180,7 +181,7 @@ def test_another_process_sees_what_one_writes(location: str) -> None:
         code = (
             "import store, sys\n"
             "with store.open(sys.argv[1]) as db:\n"
-            "    db.create_job('far', 'alice', ['a'])\n"
+            "    Ledger.of(db).create_job('far', 'alice', ['a'])\n"
             "    db.cancel_job('far', 'alice')\n"
         )
         subprocess.run([sys.executable, "-c", code, location], check=True, timeout=30)
@@ -209,7 +210,7 @@ def test_a_notice_that_is_not_the_stores_loses_nothing(
         assert eventually(lambda: db._db.notifies)  # type: ignore[attr-defined]
         with psycopg.connect(location, autocommit=True) as other:
             other.execute("SELECT pg_notify('batch_store', %s)", (junk,))
-        db.create_job("j1", "alice", ["a"])
+        Ledger.of(db).create_job("j1", "alice", ["a"])
         assert kinds([next(watch)]) == [("job.submitted", "j1")]
     assert "a notice that is not events" in caplog.text
 
@@ -227,7 +228,7 @@ def test_writers_side_by_side_each_event_is_seen_once_in_order(location: str) ->
             barrier.wait(timeout=30)
             for j in range(jobs_each):
                 job_id = f"w{k}-{j}"
-                db.create_job(job_id, "alice", ["a"])
+                Ledger.of(db).create_job(job_id, "alice", ["a"])
                 db.cancel_job(job_id, "alice")
 
     with store.open(location) as db, db.watch(timeout=5.0) as watch:
@@ -297,20 +298,20 @@ def test_old_events_are_pruned_by_the_beat_and_a_watch_from_them_says_so(
     number pruned raises ``EventsPruned``; one from a number kept, or from
     now, goes on."""
     with store.open(location, clock=clock.time) as db:
-        db.create_job("old", "alice", ["a"])
+        Ledger.of(db).create_job("old", "alice", ["a"])
         clock.tick(store_events.KEPT + 1)
-        db.create_job("new", "alice", ["a"])
-        db.register_runner("r1")
-        db.beat_runner("r1", 30.0, room=0)
+        Ledger.of(db).create_job("new", "alice", ["a"])
+        Ledger.of(db).register_runner("r1")
+        Ledger.of(db).beat_runner("r1", 30.0, room=0)
         with pytest.raises(store.EventsPruned), db.watch(since=0, timeout=0.1) as watch:
             list(watch)
         with db.watch(since=1) as watch:
             assert kinds(take(watch, 1)) == [("job.submitted", "new")]
         # Everything old: the newest stays, and numbers go on past it.
         clock.tick(store_events.KEPT + 1)
-        db.beat_runner("r1", 30.0, room=0)
+        Ledger.of(db).beat_runner("r1", 30.0, room=0)
         with db.watch(since=2) as watch:
-            db.create_job("newer", "alice", ["a"])
+            Ledger.of(db).create_job("newer", "alice", ["a"])
             (event,) = take(watch, 1)
         assert (event.kind, event.seq) == ("job.submitted", 3)
 
@@ -385,7 +386,7 @@ def test_more_events_than_one_read_come_whole_and_in_order(db: store.Store) -> N
     many jobs) reaches a watcher whole, in order, from now on or from 0."""
     n = store_events.READ_ROWS + 500
     with db.watch() as live:
-        db.create_jobs("alice", [(f"j{k:05}", []) for k in range(n)])
+        Ledger.of(db).create_jobs("alice", [(f"j{k:05}", []) for k in range(n)])
         seen = [e.id for e in take(live, n)]
     assert seen == [f"j{k:05}" for k in range(n)]
     with db.watch(since=0) as again:
@@ -419,12 +420,16 @@ def test_watches_at_their_own_pace_each_get_every_event_and_read_ones_are_let_go
         with db.watch() as keen, db.watch() as late:
             made = [f"j{k:05}" for k in range(n)]
             for first in range(0, n, 500):
-                db.create_jobs("alice", [(job_id, []) for job_id in made[first : first + 500]])
+                Ledger.of(db).create_jobs(
+                    "alice", [(job_id, []) for job_id in made[first : first + 500]]
+                )
                 assert [e.id for e in take(keen, 500)] == made[first : first + 500]
             assert [e.id for e in take(late, n)] == made
             with db.watch(since=0) as again:
                 assert [e.id for e in take(again, n)] == made
-            db.create_job("last", "alice", [])  # the next read lets go of those all three read
+            Ledger.of(db).create_job(
+                "last", "alice", []
+            )  # the next read lets go of those all three read
             assert take(keen, 1)[0].id == take(late, 1)[0].id == "last"
             gc.collect()
             held = tracemalloc.take_snapshot().filter_traces(

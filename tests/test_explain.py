@@ -14,6 +14,7 @@ import pytest
 import batch
 import batch.cli
 import store
+from store.ledger import Ledger
 from tests.helpers import TIMEOUT, MakeRunner, Script, eventually
 
 pytestmark = pytest.mark.timeout(60)
@@ -104,7 +105,7 @@ def test_a_job_whose_runner_is_gone_waits_for_a_runner_to_open_the_store(
     command once named it as running the job)."""
     an_hour_ago = lambda: time.time() - 3600  # noqa: E731 - the store's clock, then
     with store.open(location, clock=an_hour_ago) as then:
-        then.create_jobs("alice", [("j1", ["a1"])], "gone-runner", lease_for=60)
+        Ledger.of(then).create_jobs("alice", [("j1", ["a1"])], "gone-runner", lease_for=60)
     said = explained(location, "j1", capsys)
     assert said == {
         "id": "j1",
@@ -122,7 +123,7 @@ def test_a_job_whose_runner_is_gone_waits_for_a_runner_to_open_the_store(
 def test_an_ended_job_is_said_to_have_ended(
     db: store.Store, location: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    db.create_job("j1", "alice", ["a1"])
+    Ledger.of(db).create_job("j1", "alice", ["a1"])
     assert db.cancel_job("j1", "alice")
     assert explained(location, "j1", capsys) == {
         "id": "j1",

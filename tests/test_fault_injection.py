@@ -38,6 +38,7 @@ import batch.keeper
 import batch.trouble
 import store
 from store.db import Cursor, Database, Tx
+from store.ledger import Ledger
 from tests.helpers import TIMEOUT, MakeRunner, Recorder, Script
 
 T = TypeVar("T")
@@ -275,8 +276,9 @@ def inject(db: store.Store, faults: Faults, monkeypatch: pytest.MonkeyPatch) -> 
         return call
 
     monkeypatch.setattr(db, "_db", FaultyDatabase(db._db, faults))
-    for name in (*SITES, "cancel_job"):
-        monkeypatch.setattr(db, name, named(name, getattr(db, name)))
+    for name in SITES:
+        monkeypatch.setattr(Ledger.of(db), name, named(name, getattr(Ledger.of(db), name)))
+    monkeypatch.setattr(db, "cancel_job", named("cancel_job", db.cancel_job))
 
 
 class Ended(batch.Hooks):
@@ -363,7 +365,7 @@ def test_no_runner_thread_dies_of_what_the_store_raises(
             while not faults.everywhere.is_set() and time.monotonic() < deadline:
                 # Jobs no runner holds, of a caller resume gives nothing for:
                 # the runner takes them, and ends them interrupted.
-                other.create_jobs(BOB.id, [(f"bob-{next(serial)}", ["b"])])
+                Ledger.of(other).create_jobs(BOB.id, [(f"bob-{next(serial)}", ["b"])])
                 ids = []
                 for _ in range(6):
                     refs = [f"t{next(serial)}" for _ in range(3)]
@@ -428,7 +430,7 @@ def check_every_job(db: store.Store, script: Script, hooks: Ended) -> None:
             assert t.result is not None and t.result.replace(" ", "") == f'{{"ref":"{t.ref}"}}'
             assert fetched[t.ref] == 1, f"{t.ref} fetched {fetched[t.ref]} times"
         assert hooks.ends[job.id] == 1, f"job {job.id}: ended hook {hooks.ends[job.id]} times"
-    assert db.total_bytes() == total
+    assert Ledger.of(db).total_bytes() == total
     alice = sum(len(db.find_targets(s.id)) for s in jobs if s.owner == ALICE.id)
     assert hooks.stored == alice
 
@@ -444,7 +446,7 @@ def test_an_outcome_stored_by_a_commit_reported_failed_goes_on(
     The runner reads the job back, finds it still holds it, and goes on
     from there: the job that had more targets runs them, the one that
     ended ends; each target fetched once, each hook called once."""
-    real = db.store_targets
+    real = Ledger.of(db).store_targets
     lose = {"x0", "y0"}  # the first commit of these outcomes is lost
 
     def lossy(outcomes: Sequence[store.TargetOutcome], **kwargs: Any) -> store.Stored:
@@ -455,7 +457,7 @@ def test_an_outcome_stored_by_a_commit_reported_failed_goes_on(
             raise store.StoreError("connection lost while committing")  # committed all the same
         return stored
 
-    monkeypatch.setattr(db, "store_targets", lossy)
+    monkeypatch.setattr(Ledger.of(db), "store_targets", lossy)
     script, hooks = Script(), Recorder()
     with runner(db, script, hooks, workers=1) as r:
         longer = r.submit(ALICE, ["x0", "x1", "x2"])  # goes on after its first target
@@ -478,7 +480,7 @@ def test_a_job_stored_by_a_submit_that_raised_is_taken_up(
     to the runner and in no rotation. The next beat takes it up: with
     ``resume``, it runs; without, it ends ``interrupted``. Its lease is not
     renewed for ever with the job live."""
-    real = db.create_jobs
+    real = Ledger.of(db).create_jobs
 
     def lossy(*args: Any, **kwargs: Any) -> None:
         real(*args, **kwargs)
@@ -487,10 +489,10 @@ def test_a_job_stored_by_a_submit_that_raised_is_taken_up(
     script = Script()
     config: dict[str, Any] = {"resume": lambda cid: ALICE} if resume else {}
     with runner(db, script, workers=1, takeover_after=0.3, **config) as r:
-        monkeypatch.setattr(db, "create_jobs", lossy)
+        monkeypatch.setattr(Ledger.of(db), "create_jobs", lossy)
         with pytest.raises(store.StoreError):
             r.submit(ALICE, ["a", "b"])
-        monkeypatch.setattr(db, "create_jobs", real)
+        monkeypatch.setattr(Ledger.of(db), "create_jobs", real)
         (summary,) = db.list_jobs(owner=ALICE.id)
         job = r.wait(ALICE, summary.id, TIMEOUT)
     if resume:

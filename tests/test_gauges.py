@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import store
+from store.ledger import Ledger
 from tests.helpers import Clock
 from tests.runs_helpers import advertise, step
 
@@ -40,7 +41,7 @@ def test_job_counts_agree_with_the_jobs_stored(db: store.Store, ops: list[tuple[
     for op, k in ops:
         if op == "submit":
             new = [(f"j{next(_ids)}", ["a", "b"]) for _ in range(k)]
-            db.create_jobs("alice", new)
+            Ledger.of(db).create_jobs("alice", new)
             live += [job_id for job_id, _ in new]
         elif op == "evict":
             db.evict(0)
@@ -49,13 +50,13 @@ def test_job_counts_agree_with_the_jobs_stored(db: store.Store, ops: list[tuple[
             if op == "cancel":
                 db.cancel_job(job_id, "alice")
             elif op == "interrupt":
-                db.interrupt_job(job_id, "stopped")
+                Ledger.of(db).interrupt_job(job_id, "stopped")
             else:
                 job = db.find_job(job_id)
                 assert job is not None
                 pending = [t.pos for t in job.targets if t.status == "pending"]
                 if pending:
-                    db.store_target(
+                    Ledger.of(db).store_target(
                         job_id,
                         pending[0],
                         store.TargetState.DONE,

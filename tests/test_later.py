@@ -13,6 +13,7 @@ import pytest
 
 import batch
 import store
+from store.ledger import Ledger
 from tests.helpers import TIMEOUT, ChildProcess, Clock, MakeRunner, Recorder, Script, eventually
 
 pytestmark = pytest.mark.timeout(60)
@@ -85,7 +86,7 @@ def test_a_job_after_others_starts_once_they_all_ended(db: store.Store, runner: 
             "not_before": None,
             "waits_after": 2,
         }
-        assert sorted(db.after_of(c)) == sorted([a, b])
+        assert sorted(Ledger.of(db).after_of(c)) == sorted([a, b])
         script.release("a")
         r.wait(ALICE, a, TIMEOUT)
         assert eventually(lambda: r.explain(ALICE, c).get("waits_after") == 1)
@@ -233,7 +234,7 @@ def test_a_job_after_one_another_process_runs(location: str, tmp_path: Path) -> 
             holder.read("ended")
             assert r.wait(ALICE, after, TIMEOUT).status == "done"
             assert [t.result for t in r.status(ALICE, held).targets] == ["held"]
-            assert db.after_of(after) == [held]
+            assert Ledger.of(db).after_of(after) == [held]
         holder.send("bye")
         assert holder.proc.wait(TIMEOUT) == 0, holder.stderr()
     finally:

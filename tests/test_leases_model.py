@@ -44,6 +44,7 @@ from hypothesis.stateful import (
 
 import store
 from store import Conflict, Lease, TargetOutcome, ended_status
+from store.ledger import Ledger
 from tests.helpers import EXAMPLES, Clock, Raw, examples
 from tests.leases_model import LAPSE, MJob, Model, MRunner
 
@@ -133,9 +134,9 @@ class LeaseMachine(RuleBasedStateMachine):
         """A new actor beating with ``lapse``; registered with it if
         ``named``, else with the store's default until its first beat."""
         if named:
-            self.db.register_runner(name, lapse)
+            Ledger.of(self.db).register_runner(name, lapse)
         else:
-            self.db.register_runner(name)
+            Ledger.of(self.db).register_runner(name)
         self.model.runners[name] = MRunner(self.model.now, lapse if named else DEFAULT_LAPSE)
         actor = self.actors[name] = Actor(name, "active", lapse, self.model.now)
         return actor
@@ -171,7 +172,9 @@ class LeaseMachine(RuleBasedStateMachine):
                 and j.until >= m.last_beat
             }
             event("stall" + (" with held jobs" if self.protected else ""))
-        got = self.db.beat_runner(actor.name, actor.lapse, room=room, foreign=foreign, keep=kept)
+        got = Ledger.of(self.db).beat_runner(
+            actor.name, actor.lapse, room=room, foreign=foreign, keep=kept
+        )
         held, ended, taken = m.beat(actor.name, actor.lapse, room, foreign, set(kept))
         assert got.held == held, (actor.name, got.held, held)
         assert got.ended == ended, (actor.name, got.ended, ended)
@@ -239,7 +242,7 @@ class LeaseMachine(RuleBasedStateMachine):
             TargetOutcome(job_id, pos, status, result=f'"{actor.name}"', lease=lease)
             for job_id, pos, lease, status in writes
         ]
-        got = self.db.store_targets(outcomes, starting=starting)
+        got = Ledger.of(self.db).store_targets(outcomes, starting=starting)
         for job_id, lease in starting:
             j = m.jobs[job_id]
             if j.holds(lease) and j.status == "queued":
@@ -296,7 +299,7 @@ class LeaseMachine(RuleBasedStateMachine):
     def attempt_end(self, actor: Actor, j: MJob, lease: Lease) -> bool:
         view = actor.beliefs.pop(j.id).view
         final = ended_status(view.count("done"), view.count("failed"))
-        got = self.db.set_job_status(j.id, final, lease)
+        got = Ledger.of(self.db).set_job_status(j.id, final, lease)
         expect = j.live and j.holds(lease)
         assert got == expect, (actor.name, j, lease)
         if expect:
@@ -306,7 +309,7 @@ class LeaseMachine(RuleBasedStateMachine):
 
     def attempt_interrupt(self, actor: Actor, j: MJob, lease: Lease) -> bool:
         del actor.beliefs[j.id]
-        got = self.db.interrupt_job(j.id, "stopped", lease)
+        got = Ledger.of(self.db).interrupt_job(j.id, "stopped", lease)
         if j.live and j.holds(lease):
             n = j.targets.count("pending")
             j.targets = ["failed" if s == "pending" else s for s in j.targets]
@@ -380,7 +383,7 @@ class LeaseMachine(RuleBasedStateMachine):
         leased = how == "leased"
         refs = [f"{job_id}/{pos}" for pos in range(n)]
         lease_for = actor.lapse if leased else None
-        self.db.create_job(job_id, caller, refs, home, lease_for=lease_for)
+        Ledger.of(self.db).create_job(job_id, caller, refs, home, lease_for=lease_for)
         job = self.model.jobs[job_id] = MJob(job_id, caller, home, ["pending"] * n)
         if leased:
             job.owner, job.token, job.until = actor.name, 1, self.model.now + actor.lapse
@@ -481,7 +484,7 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 3))
     def retire(self, i: int) -> None:
         actor = self.pick(i, "active")
-        self.db.retire_runner(actor.name)
+        Ledger.of(self.db).retire_runner(actor.name)
         self.model.retire(actor.name)
         actor.mode = "retired"
         actor.beliefs.clear()

@@ -7,6 +7,8 @@ import urllib.request
 
 import pytest
 
+from store.ledger import Ledger
+
 prometheus_client = pytest.importorskip("prometheus_client")
 
 import batch  # noqa: E402
@@ -96,7 +98,7 @@ def test_the_store_collector_reads_the_stores_gauges(db: store.Store) -> None:
     be read rather than a failed scrape."""
     registry = prometheus_client.CollectorRegistry()
     registry.register(batch.metrics.StoreCollector(db))
-    db.create_jobs("alice", [("j1", ["a"]), ("j2", ["a"])])
+    Ledger.of(db).create_jobs("alice", [("j1", ["a"]), ("j2", ["a"])])
     db.cancel_job("j2", "alice")
     assert value(registry, "batch_store_up") == 1
     assert value(registry, "batch_store_jobs", status="queued") == 1

@@ -15,6 +15,7 @@ import pytest
 
 import batch
 import store
+from store.ledger import Ledger
 from tests.helpers import TIMEOUT, Recorder, Script, StepClock, eventually, raising
 
 pytestmark = pytest.mark.timeout(30)
@@ -117,9 +118,9 @@ def test_running_shows_at_once_and_in_the_store_within_a_tenth(
 def test_a_resumed_job_not_reached_before_shows_running_once_started(
     db: store.Store, location: str
 ) -> None:
-    db.register_runner("gone")
-    db.retire_runner("gone")
-    db.create_job("j1", "alice", ["x", "y"], "gone")
+    Ledger.of(db).register_runner("gone")
+    Ledger.of(db).retire_runner("gone")
+    Ledger.of(db).create_job("j1", "alice", ["x", "y"], "gone")
     script = Script()
     script.hold("x")
     with store.open(location) as other:
@@ -227,7 +228,7 @@ def test_budget_holds_when_several_jobs_end_in_one_commit(db: store.Store) -> No
     with batch.Runner(db, fetch, batch.Config(workers=3, max_bytes=12), hooks) as r:
         ids = [r.submit(ALICE, [f"t{i}"]) for i in range(3)]
         hooks.wait_for(lambda h: len(h.jobs) == 3)
-        assert db.total_bytes() == 10
+        assert Ledger.of(db).total_bytes() == 10
         left = [i for i in ids if db.get_job(i, "alice") is not None]
     assert len(left) == 1
 

@@ -37,6 +37,7 @@ import pytest
 
 import batch
 import store
+from store.ledger import Ledger
 from tests.helpers import (
     TIMEOUT,
     Recorder,
@@ -332,7 +333,7 @@ def test_a_runner_frozen_after_a_commit_starts_nothing_of_a_job_it_lost(
     alice = batch.Caller("alice")
     lapse = 0.5
     with store.open(location) as a_db, store.open(location) as b_db:
-        real_targets, real_beat = b_db.store_targets, b_db.beat_runner
+        real_targets, real_beat = Ledger.of(b_db).store_targets, Ledger.of(b_db).beat_runner
 
         def store_targets(outcomes: Any, **kwargs: Any) -> store.Stored:
             stored = real_targets(outcomes, **kwargs)
@@ -346,8 +347,8 @@ def test_a_runner_frozen_after_a_commit_starts_nothing_of_a_job_it_lost(
                 thaw_beat.wait(TIMEOUT)
             return real_beat(*args, **kwargs)
 
-        monkeypatch.setattr(b_db, "store_targets", store_targets)
-        monkeypatch.setattr(b_db, "beat_runner", beat_runner)
+        monkeypatch.setattr(Ledger.of(b_db), "store_targets", store_targets)
+        monkeypatch.setattr(Ledger.of(b_db), "beat_runner", beat_runner)
         b_fetch, a_fetch = Script(), Script()
         b_fetch.hold("j0")
         a_fetch.hold("j1", "k0")

@@ -11,6 +11,7 @@ import pytest
 
 import batch
 import store
+from store.ledger import Ledger
 from tests.helpers import TIMEOUT, MakeRunner, eventually
 
 ALICE = batch.Caller("alice")
@@ -173,7 +174,7 @@ def test_a_store_that_refuses_the_sync_only_delays_a_limited_upstream(
     """Until its share is known, a limited upstream starts nothing; a sync
     the store fails (anything it raises) is tried again, and then the jobs
     go on: no thread dies of it, and the other upstreams never waited."""
-    real = db.sync_upstreams
+    real = Ledger.of(db).sync_upstreams
     refusals = threading.Semaphore(3)
     answered: list[float] = []
 
@@ -184,7 +185,7 @@ def test_a_store_that_refuses_the_sync_only_delays_a_limited_upstream(
         answered.append(time.monotonic())
         return shares
 
-    monkeypatch.setattr(db, "sync_upstreams", sync)
+    monkeypatch.setattr(Ledger.of(db), "sync_upstreams", sync)
     log = Log()
     limits = {"h1": batch.Limit(concurrency=1)}
     with runner(db, log.fetch, workers=2, upstream=host, limits=limits) as r:

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 import store
+from store.ledger import Ledger
 from tests import pgserver
 from tests.helpers import (
     TIMEOUT,
@@ -56,23 +57,25 @@ def test_a_writer_stopped_inside_its_transaction_stops_no_other_runner(url: str)
     and once a goes on its batch commits too, both stored once."""
     with store.open(url) as a_db, store.open(url) as b_db:
         for runner, db in (("a", a_db), ("b", b_db)):
-            db.register_runner(runner, 30.0)
-            db.create_jobs("alice", [(f"{runner}-job", ["x", "y"])], runner, lease_for=30.0)
+            Ledger.of(db).register_runner(runner, 30.0)
+            Ledger.of(db).create_jobs(
+                "alice", [(f"{runner}-job", ["x", "y"])], runner, lease_for=30.0
+            )
         held = HeldOnServer(url, "a-job")
         got: list[store.Stored] = []
         writer = threading.Thread(
-            target=lambda: got.append(a_db.store_targets([_outcome("a-job", 0, "a")])),
+            target=lambda: got.append(Ledger.of(a_db).store_targets([_outcome("a-job", 0, "a")])),
             name="paused-writer",
         )
         writer.start()
         try:
             assert eventually(held.waiting)
 
-            stored = b_db.store_targets([_outcome("b-job", 0, "b")])
+            stored = Ledger.of(b_db).store_targets([_outcome("b-job", 0, "b")])
             assert stored.refused == {}
-            beat = b_db.beat_runner("b", 30.0)
+            beat = Ledger.of(b_db).beat_runner("b", 30.0)
             assert set(beat.held) == {"b-job"}
-            b_db.create_jobs("bob", [("b-new", ["z"])], "b", lease_for=30.0)
+            Ledger.of(b_db).create_jobs("bob", [("b-new", ["z"])], "b", lease_for=30.0)
             assert b_db.cancel_job("b-new", "bob")
             # a's transaction is open on the server all that time.
             assert held.waiting()
@@ -86,7 +89,7 @@ def test_a_writer_stopped_inside_its_transaction_stops_no_other_runner(url: str)
         a_job = a_db.get_job("a-job", "alice")
         assert a_job is not None
         assert [t.status for t in a_job.targets] == ["done", "pending"]
-        assert a_db.total_bytes() == len('"a-job.0"') + len('"b-job.0"')
+        assert Ledger.of(a_db).total_bytes() == len('"a-job.0"') + len('"b-job.0"')
 
 
 def test_a_take_over_passes_over_a_job_a_stopped_writer_holds(url: str) -> None:
@@ -95,24 +98,26 @@ def test_a_take_over_passes_over_a_job_a_stopped_writer_holds(url: str) -> None:
     the job from under the write; once a's transaction ends the job is
     free to take."""
     with store.open(url) as a_db, store.open(url) as b_db:
-        a_db.register_runner("a", 30.0)
-        b_db.register_runner("b", 30.0)
+        Ledger.of(a_db).register_runner("a", 30.0)
+        Ledger.of(b_db).register_runner("b", 30.0)
         # Lapsed at once: any beat may take it, but for a's write holding it.
-        a_db.create_jobs("alice", [("a-job", ["x", "y"]), ("a-two", ["x"])], "a", lease_for=-1.0)
+        Ledger.of(a_db).create_jobs(
+            "alice", [("a-job", ["x", "y"]), ("a-two", ["x"])], "a", lease_for=-1.0
+        )
         held = HeldOnServer(url, "a-job")
         writer = threading.Thread(
-            target=lambda: a_db.store_targets([_outcome("a-job", 0, "a")]),
+            target=lambda: Ledger.of(a_db).store_targets([_outcome("a-job", 0, "a")]),
             name="paused-writer",
         )
         writer.start()
         try:
             assert eventually(held.waiting)
-            beat = b_db.beat_runner("b", 30.0, foreign=True)
+            beat = Ledger.of(b_db).beat_runner("b", 30.0, foreign=True)
             assert [row.id for row, _ in beat.taken] == ["a-two"]
         finally:
             held.release()
             writer.join(TIMEOUT)
-        beat = b_db.beat_runner("b", 30.0, foreign=True)
+        beat = Ledger.of(b_db).beat_runner("b", 30.0, foreign=True)
         assert [(row.id, token) for row, token in beat.taken] == [("a-job", 2)]
         job = b_db.find_job("a-job")
         assert job is not None
@@ -219,12 +224,12 @@ def test_a_write_that_waited_for_a_take_over_is_refused(url: str) -> None:
     not yet committed). Once the take-over commits, a's write, which waited
     for the row, judges the row as the take-over left it: refused."""
     with store.open(url) as db:
-        db.register_runner("a", 30.0)
-        db.create_jobs("alice", [("j", ["x", "y"])], "a", lease_for=30.0)
+        Ledger.of(db).register_runner("a", 30.0)
+        Ledger.of(db).create_jobs("alice", [("j", ["x", "y"])], "a", lease_for=30.0)
         ended = _behind(
             url,
             "UPDATE jobs SET lease_owner = 'b', lease_token = 2 WHERE id = 'j'",
-            lambda: db.interrupt_job("j", "late", store.Lease("a", 1)),
+            lambda: Ledger.of(db).interrupt_job("j", "late", store.Lease("a", 1)),
         )
         assert ended is None
         assert raw(url, "SELECT status, lease_owner, lease_token FROM jobs WHERE id = 'j'") == [
@@ -239,13 +244,13 @@ def test_a_renewal_that_waited_for_a_give_back_keeps_it(url: str) -> None:
     row, leaves the lease where it was moved: a renewal never brings a lease
     nearer."""
     with store.open(url) as db:
-        db.register_runner("a", 30.0)
-        db.create_jobs("alice", [("j", ["x"])], "a", lease_for=30.0)
+        Ledger.of(db).register_runner("a", 30.0)
+        Ledger.of(db).create_jobs("alice", [("j", ["x"])], "a", lease_for=30.0)
         ((until,),) = raw(url, "SELECT lease_until FROM jobs WHERE id = 'j'")
         beat = _behind(
             url,
             "UPDATE jobs SET lease_until = lease_until + 1000 WHERE id = 'j'",
-            lambda: db.beat_runner("a", 30.0),
+            lambda: Ledger.of(db).beat_runner("a", 30.0),
         )
         assert beat.held == {"j": 1}
         assert raw(url, "SELECT lease_until FROM jobs WHERE id = 'j'") == [(until + 1000,)]

@@ -20,6 +20,7 @@ import batch
 import batch.keeper
 import store
 import store.postgres
+from store.ledger import Ledger
 from tests import pgserver
 from tests.helpers import TIMEOUT, HeldOnServer, Raw, Script, eventually, fresh, raw, within
 
@@ -50,7 +51,7 @@ OPENER = textwrap.dedent(
     """
     import sys, store
     with store.open(sys.argv[1]) as db:
-        db.create_job(sys.argv[2], "alice", ["x"])
+        Ledger.of(db).create_job(sys.argv[2], "alice", ["x"])
     """
 )
 
@@ -94,7 +95,7 @@ def test_a_schema_of_another_application_is_refused_untouched(server: pgserver.S
         # In a schema of its own, the store sets up beside them.
         raw(where, "CREATE SCHEMA batch")
         with store.open(where + "&options=-csearch_path%3Dbatch") as db:
-            db.create_job("j", "alice", ["x"])
+            Ledger.of(db).create_job("j", "alice", ["x"])
         assert raw(where, "SELECT count(*) FROM batch.jobs") == [(1,)]
 
 
@@ -117,7 +118,7 @@ def test_no_setting_of_the_store_outlives_its_transaction(url: str) -> None:
         with store.open(url, readonly=readonly) as db:
             db.list_jobs()
             if not readonly:
-                db.create_job("j1", "alice", ["x"])
+                Ledger.of(db).create_job("j1", "alice", ["x"])
             pool = db._db._pool  # type: ignore[attr-defined]
             with pool.connection() as conn:
                 settings = conn.execute(
@@ -148,7 +149,7 @@ def test_times_come_from_the_servers_clock(url: str) -> None:
     """Every time the store writes is the server's, whatever this host's
     clock says."""
     with store.open(url) as db:
-        db.create_job("j", "alice", ["x"])
+        Ledger.of(db).create_job("j", "alice", ["x"])
         ((server_now,),) = raw(url, "SELECT extract(epoch FROM clock_timestamp())::float8")
         job = db.get_job("j", "alice")
     assert job is not None
@@ -223,10 +224,10 @@ def test_a_subscriber_that_raises_stops_no_notice(url: str) -> None:
         ready.set()
 
     with store.open(url) as db:
-        undo_bad, undo_good = db.subscribe(bad), db.subscribe(good)
+        undo_bad, undo_good = Ledger.of(db).subscribe(bad), Ledger.of(db).subscribe(good)
         try:
             assert within(TIMEOUT, lambda: _listening(url))
-            db.create_job("j", "alice", ["x"])
+            Ledger.of(db).create_job("j", "alice", ["x"])
             assert db.cancel_job("j", "alice")
             assert ready.wait(TIMEOUT)
             assert within(TIMEOUT, lambda: store.CANCELLED + "j" in got), got
@@ -274,7 +275,7 @@ def test_a_restart_of_the_server_loses_nothing_and_ends_no_worker(
 
 def _store_one(db: store.Store) -> None:
     """A batch of one outcome: one round trip, its COMMIT sent with it."""
-    stored = db.store_targets([store.TargetOutcome("j", 0, "done", result='"v"')])
+    stored = Ledger.of(db).store_targets([store.TargetOutcome("j", 0, "done", result='"v"')])
     assert stored.refused == {}
 
 
@@ -294,7 +295,7 @@ def test_a_connection_lost_at_commit_is_resolved_by_asking_the_server(
     answered) or runs it again (it did not). Either way it is made once,
     and the caller never sees an error."""
     with store.open(url) as db:
-        db.create_job("j", "alice", ["x", "y"])
+        Ledger.of(db).create_job("j", "alice", ["x", "y"])
         state = {"dropped": 0}
         real = psycopg.Connection.execute
 
@@ -333,15 +334,15 @@ def test_a_connection_killed_inside_a_batch_stores_it_once(url: str) -> None:
     store finds the batch did not commit, runs it again once the row is
     free, and stores each outcome once."""
     with store.open(url) as db:
-        db.register_runner("a", 30.0)
-        db.create_jobs("alice", [("j", ["x", "y"])], "a", lease_for=30.0)
+        Ledger.of(db).register_runner("a", 30.0)
+        Ledger.of(db).create_jobs("alice", [("j", ["x", "y"])], "a", lease_for=30.0)
         held = HeldOnServer(url, "j")
         got: list[store.Stored] = []
         outcomes = [
             store.TargetOutcome("j", pos, "done", result='"v"', lease=store.Lease("a", 1))
             for pos in (0, 1)
         ]
-        writer = threading.Thread(target=lambda: got.append(db.store_targets(outcomes)))
+        writer = threading.Thread(target=lambda: got.append(Ledger.of(db).store_targets(outcomes)))
         writer.start()
         try:
             assert eventually(held.waiting)

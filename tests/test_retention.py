@@ -14,6 +14,7 @@ import batch
 import store
 import store.jobs
 import store.store
+from store.ledger import Ledger
 from tests.helpers import TIMEOUT, Clock, MakeRunner, Script, eventually
 from tests.jobs_helpers import TERMINAL, terminal_job
 
@@ -34,13 +35,13 @@ def test_prune_deletes_what_ended_longer_ago_in_the_statuses_given(
     pruned leave the totals."""
     for status in TERMINAL:
         terminal_job(db, f"old-{status}", 10, status)
-    db.create_job("live", "alice", ["t"])
+    Ledger.of(db).create_job("live", "alice", ["t"])
     clock.tick(100)
     terminal_job(db, "new-done", 10, "done")
     clock.tick(50)
     assert db.prune(120, ["done", "failed"]) == 2
     assert ids(db) == ["old-partial", "old-cancelled", "live", "new-done"]
-    assert db.total_bytes() == 30
+    assert Ledger.of(db).total_bytes() == 30
     assert db.gauges().jobs == {
         "queued": 1,
         "running": 0,
@@ -51,7 +52,7 @@ def test_prune_deletes_what_ended_longer_ago_in_the_statuses_given(
     }
     assert db.prune(0) == 3
     assert ids(db) == ["live"]
-    assert db.total_bytes() == 0
+    assert Ledger.of(db).total_bytes() == 0
     assert db.get_job("live", "alice") is not None
 
 

@@ -11,6 +11,7 @@ import pytest
 
 import batch
 import store
+from store.ledger import Ledger
 from tests.helpers import TIMEOUT, MakeRunner, Recorder, Script, raising
 
 pytestmark = pytest.mark.timeout(30)
@@ -183,7 +184,7 @@ def test_a_store_write_that_fails_is_retried_and_loses_no_worker(
     worker lives on and memory and disk agree throughout. The first failure
     is logged as a warning (with its traceback), not every try, and the
     first try that succeeds says how many failed."""
-    real = db.store_targets
+    real = Ledger.of(db).store_targets
     failures = iter([True, True, True])
 
     def flaky(outcomes: object, *args: object, **kwargs: object) -> object:
@@ -193,7 +194,7 @@ def test_a_store_write_that_fails_is_retried_and_loses_no_worker(
             raise store.StoreError("database is locked")
         return real(outcomes, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(db, "store_targets", flaky)
+    monkeypatch.setattr(Ledger.of(db), "store_targets", flaky)
     script = Script()
     with runner(db, script, workers=1) as r:
         job = r.wait(ALICE, r.submit(ALICE, ["a", "b"]), TIMEOUT)
@@ -218,7 +219,7 @@ def test_close_returns_while_the_store_refuses_writes(
         refused.set()
         raise store.StoreError("disk full")
 
-    monkeypatch.setattr(db, "store_targets", broken)
+    monkeypatch.setattr(Ledger.of(db), "store_targets", broken)
     r = runner(db, Script(), workers=1)
     job_id = r.submit(ALICE, ["a"])
     assert refused.wait(TIMEOUT)
@@ -253,7 +254,7 @@ def test_eviction_removes_oldest_terminal_jobs_and_keeps_live_ones(
         assert r.wait(ALICE, live, TIMEOUT).status == "done"  # live-1: 45 bytes -> evict old
         with pytest.raises(batch.JobNotFound):
             r.status(ALICE, old)
-    assert db.total_bytes() == 32
+    assert Ledger.of(db).total_bytes() == 32
 
 
 def test_live_jobs_survive_a_budget_they_alone_exceed(db: store.Store, runner: MakeRunner) -> None:
@@ -270,7 +271,7 @@ def test_live_jobs_survive_a_budget_they_alone_exceed(db: store.Store, runner: M
         hooks.wait_for(lambda h: h.jobs == ["done"])
         with pytest.raises(batch.JobNotFound):
             r.status(ALICE, job_id)
-    assert db.total_bytes() == 0
+    assert Ledger.of(db).total_bytes() == 0
 
 
 # -- ownership -------------------------------------------------------------
@@ -319,7 +320,7 @@ def test_bad_target_lists_are_refused_and_store_nothing(
         assert isinstance(e.value, ValueError)
         assert r.statistics().live == 0
     assert hooks.depths == []
-    assert db.total_bytes() == 0
+    assert Ledger.of(db).total_bytes() == 0
 
 
 @pytest.mark.parametrize("caller", [object(), batch.Caller.__new__(batch.Caller), 5])
@@ -490,7 +491,7 @@ def test_a_cancelled_job_whose_outcome_is_dropped_at_close_leaves(
     job_id = r.submit(ALICE, ["a", "b"])
     script.started("a")
     assert r.cancel(ALICE, job_id)
-    monkeypatch.setattr(db, "store_targets", broken)
+    monkeypatch.setattr(Ledger.of(db), "store_targets", broken)
     script.release("a")
     assert refused.wait(TIMEOUT)
     r.close(timeout=TIMEOUT)

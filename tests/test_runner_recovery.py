@@ -13,6 +13,7 @@ import pytest
 
 import batch
 import store
+from store.ledger import Ledger
 from tests.helpers import TIMEOUT, Clock, Recorder, Script, within
 
 pytestmark = pytest.mark.timeout(60)
@@ -113,14 +114,14 @@ def test_a_live_runners_jobs_are_never_taken(db: store.Store) -> None:
 def test_a_runner_silent_past_the_lapse_is_gone(db: store.Store, clock: Clock) -> None:
     """A runner that stopped beating for longer than takeover_after while
     others beat is gone, even if a process with its id still runs."""
-    db.register_runner("silent")
-    db.create_job("j1", "alice", ["x"], "silent", lease_for=5)
-    db.register_runner("watcher")
+    Ledger.of(db).register_runner("silent")
+    Ledger.of(db).create_job("j1", "alice", ["x"], "silent", lease_for=5)
+    Ledger.of(db).register_runner("watcher")
     with batch.Runner(db, Script(), batch.Config(takeover_after=5)) as early:
         assert early.status(ALICE, "j1").status == "queued"
     for _ in range(3):  # another runner beats while "silent" does not
         clock.tick(2)
-        db.beat_runner("watcher", 5, room=0, foreign=True)  # takes nothing
+        Ledger.of(db).beat_runner("watcher", 5, room=0, foreign=True)  # takes nothing
     with batch.Runner(db, Script(), batch.Config(takeover_after=5)) as late:
         assert late.status(ALICE, "j1").status == "failed"
 
@@ -129,15 +130,15 @@ def test_a_stall_of_the_whole_store_takes_no_lease(db: store.Store, clock: Clock
     """When no runner could beat (the store could not be written), the time
     is given back to every lease: a runner silent only for that long keeps
     its jobs."""
-    db.register_runner("stalled")
-    db.create_job("j1", "alice", ["x"], "stalled", lease_for=5)
-    db.register_runner("watcher")
-    db.beat_runner("watcher", 5, room=0, foreign=True)
+    Ledger.of(db).register_runner("stalled")
+    Ledger.of(db).create_job("j1", "alice", ["x"], "stalled", lease_for=5)
+    Ledger.of(db).register_runner("watcher")
+    Ledger.of(db).beat_runner("watcher", 5, room=0, foreign=True)
     clock.tick(10)  # nobody beat: a stall
-    got = db.beat_runner("watcher", 5, foreign=True)
+    got = Ledger.of(db).beat_runner("watcher", 5, foreign=True)
     assert got.taken == []
     clock.tick(1)
-    assert db.beat_runner("stalled", 5).held == {"j1": 1}
+    assert Ledger.of(db).beat_runner("stalled", 5).held == {"j1": 1}
 
 
 CHILD = textwrap.dedent(
@@ -205,8 +206,8 @@ def test_a_live_runner_takes_over_jobs_of_one_that_goes_silent(
     hooks = Recorder()
     config = batch.Config(takeover_after=0.3, resume=lambda cid: ALICE)
     with batch.Runner(db, Script(), config, hooks) as live:
-        db.register_runner("silent")
-        db.create_job("j1", "alice", ["x", "y"], "silent")
+        Ledger.of(db).register_runner("silent")
+        Ledger.of(db).create_job("j1", "alice", ["x", "y"], "silent")
         clock.tick(1)  # "silent" last beat a second ago: gone
         hooks.wait_for(lambda h: h.jobs == ["done"])
         job = live.status(ALICE, "j1")
@@ -216,14 +217,14 @@ def test_a_live_runner_takes_over_jobs_of_one_that_goes_silent(
 def test_a_runner_is_gone_by_its_own_lapse_not_the_lookers(db: store.Store, clock: Clock) -> None:
     """A runner with a long lease, silent for less than it, keeps its jobs
     from a runner with a shorter one; past its own lapse, they are taken."""
-    db.register_runner("slow", 30)
-    db.create_job("j", "alice", ["x"], "slow", lease_for=30)
-    db.register_runner("fast", 5)
+    Ledger.of(db).register_runner("slow", 30)
+    Ledger.of(db).create_job("j", "alice", ["x"], "slow", lease_for=30)
+    Ledger.of(db).register_runner("fast", 5)
     for _ in range(6):  # +7.5 s: fast's lapse passed, slow's did not
         clock.tick(1.25)
-        assert db.beat_runner("fast", 5, foreign=True).taken == []
+        assert Ledger.of(db).beat_runner("fast", 5, foreign=True).taken == []
     taken = []
     for _ in range(20):  # +32.5 s: past slow's own lapse
         clock.tick(1.25)
-        taken += db.beat_runner("fast", 5, foreign=True).taken
+        taken += Ledger.of(db).beat_runner("fast", 5, foreign=True).taken
     assert [(row.id, token) for row, token in taken] == [("j", 2)]

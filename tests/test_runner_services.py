@@ -19,6 +19,7 @@ import pytest
 
 import batch
 import store
+from store.ledger import Ledger
 from tests.helpers import TIMEOUT, MakeRunner, Recorder, Script, raising
 
 pytestmark = pytest.mark.timeout(30)
@@ -114,16 +115,16 @@ def test_submit_many_stores_all_or_nothing(
     script = Script()
     hooks = Recorder()
     with runner(db, script, hooks, workers=1, max_live=2) as r:
-        real = db.create_jobs
+        real = Ledger.of(db).create_jobs
 
         def refused(*args: object, **kwargs: object) -> None:
             raise store.StoreError("disk full")
 
-        monkeypatch.setattr(db, "create_jobs", refused)
+        monkeypatch.setattr(Ledger.of(db), "create_jobs", refused)
         with pytest.raises(store.StoreError):
             r.submit_many(ALICE, [["a"], ["b"], ["c"]])
         assert db.list_jobs() == []
-        monkeypatch.setattr(db, "create_jobs", real)
+        monkeypatch.setattr(Ledger.of(db), "create_jobs", real)
         ids = r.submit_many(ALICE, [["d"], ["e"]])
         assert hooks.depths[0] == 2  # both joined: no room was kept by the refused call
         assert [r.wait(ALICE, i, TIMEOUT).status for i in ids] == ["done", "done"]
@@ -772,13 +773,13 @@ def test_outcomes_of_quick_fetches_in_flight_share_one_commit(
     written alone."""
     monkeypatch.setattr(batch.commit, "GATHER_FOR", TIMEOUT)  # no bound to reach
     batches: list[int] = []
-    real = db.store_targets
+    real = Ledger.of(db).store_targets
 
     def store_targets(outcomes: Any, **kwargs: Any) -> store.Stored:
         batches.append(len(outcomes))
         return real(outcomes, **kwargs)
 
-    monkeypatch.setattr(db, "store_targets", store_targets)
+    monkeypatch.setattr(Ledger.of(db), "store_targets", store_targets)
     together = threading.Barrier(3, timeout=TIMEOUT)
     first_back = threading.Event()
 

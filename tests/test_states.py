@@ -11,6 +11,7 @@ import pytest
 
 import batch
 import store
+from store.ledger import Ledger
 from store.states import LIVE_JOB, TERMINAL_JOB, JobStatus, RunState, StepState, TargetState
 from tests.helpers import raw
 
@@ -57,7 +58,7 @@ def test_a_job_status_is_live_or_terminal_and_never_both() -> None:
 
 
 def test_rows_read_back_hold_the_vocabulary_members(db: store.Store) -> None:
-    db.create_job("j", "alice", ["a", "b"])
+    Ledger.of(db).create_job("j", "alice", ["a", "b"])
     row = db.get_job("j", "alice")
     assert row is not None
     assert type(row.status) is JobStatus

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import store
+from store.ledger import Ledger
 from tests.helpers import trace
 from tests.jobs_helpers import (
     JOIN_TIMEOUT,
@@ -51,7 +52,7 @@ class Harness:
 
     def create(self, ntargets: int, owner: str) -> None:
         job_id = f"job-{len(self.order)}"
-        self.db.create_job(job_id, owner, [f"t{i}" for i in range(ntargets)])
+        Ledger.of(self.db).create_job(job_id, owner, [f"t{i}" for i in range(ntargets)])
         self.model[job_id] = ModelJob(owner, ntargets)
         self.order.append(job_id)
 
@@ -73,12 +74,12 @@ class Harness:
             expected = store.Conflict
         if expected is not None:
             with pytest.raises(expected):
-                self.db.store_target(
+                Ledger.of(self.db).store_target(
                     job_id, pos, status, result=result, error=error, hint=hint, max_bytes=budget
                 )
             return
         assert job is not None
-        evicted = self.db.store_target(
+        evicted = Ledger.of(self.db).store_target(
             job_id, pos, status, result=result, error=error, hint=hint, max_bytes=budget
         )
         job.stored.add(pos)
@@ -88,7 +89,7 @@ class Harness:
     def end(self, index: int, status: str) -> None:
         job_id = self.pick(index)
         live = job_id in self.model and self.model[job_id].live
-        assert self.db.set_job_status(job_id, status) is live
+        assert Ledger.of(self.db).set_job_status(job_id, status) is live
         if live and status in TERMINAL:
             self.model[job_id].live = False
 
@@ -126,7 +127,7 @@ class Harness:
             assert row.nbytes == job.nbytes
             assert (row.status in ("queued", "running")) is job.live
             assert {t.pos for t in row.targets if t.status != "pending"} == job.stored
-        assert self.db.total_bytes() == sum(row.nbytes for row in present.values())
+        assert Ledger.of(self.db).total_bytes() == sum(row.nbytes for row in present.values())
         # The counts kept with each job agree with its targets.
         for summary in self.db.list_jobs(ids=list(present)):
             row = present[summary.id]
@@ -208,12 +209,12 @@ def test_threads_share_one_store(db: store.Store) -> None:
         owner = f"owner-{i}"
         for j in range(njobs):
             job_id = f"t{i}-j{j}"
-            db.create_job(job_id, owner, [f"r{k}" for k in range(ntargets)])
-            assert db.set_job_status(job_id, "running")
+            Ledger.of(db).create_job(job_id, owner, [f"r{k}" for k in range(ntargets)])
+            assert Ledger.of(db).set_job_status(job_id, "running")
             for k in range(ntargets):
-                db.store_target(job_id, k, "done", result=f'"é{i}-{j}-{k}"')
+                Ledger.of(db).store_target(job_id, k, "done", result=f'"é{i}-{j}-{k}"')
             assert db.touch_job(job_id, owner)
-            assert db.set_job_status(job_id, "done")
+            assert Ledger.of(db).set_job_status(job_id, "done")
 
     run_threads(work, nthreads)
 
@@ -226,21 +227,21 @@ def test_threads_share_one_store(db: store.Store) -> None:
             assert [t.result for t in job.targets] == [f'"é{i}-{j}-{k}"' for k in range(ntargets)]
             assert job.nbytes == sum(utf8_len(t.result) for t in job.targets)
             expected_total += job.nbytes
-    assert db.total_bytes() == expected_total
+    assert Ledger.of(db).total_bytes() == expected_total
 
 
 def test_threads_store_targets_of_one_job(db: store.Store) -> None:
     """Threads storing different targets of the same job all land, and racing
     on the same target lets exactly one win."""
     nthreads = 8
-    db.create_job("shared", "alice", [f"r{k}" for k in range(nthreads)] + ["contested"])
+    Ledger.of(db).create_job("shared", "alice", [f"r{k}" for k in range(nthreads)] + ["contested"])
     wins: list[int] = []
     lock = threading.Lock()
 
     def work(i: int) -> None:
-        db.store_target("shared", i, "done", result="ü" * (i + 1))
+        Ledger.of(db).store_target("shared", i, "done", result="ü" * (i + 1))
         try:
-            db.store_target("shared", nthreads, "done", result=f"winner {i}")
+            Ledger.of(db).store_target("shared", nthreads, "done", result=f"winner {i}")
         except store.Conflict:
             return
         with lock:
@@ -252,7 +253,7 @@ def test_threads_store_targets_of_one_job(db: store.Store) -> None:
     assert all(t.status == "done" for t in job.targets)
     assert job.targets[-1].result == f"winner {wins[0]}"
     expected = sum(2 * (i + 1) for i in range(nthreads)) + utf8_len(f"winner {wins[0]}")
-    assert job.nbytes == db.total_bytes() == expected
+    assert job.nbytes == Ledger.of(db).total_bytes() == expected
 
 
 def test_two_stores_on_one_file(tmp_path: Path) -> None:
@@ -260,21 +261,21 @@ def test_two_stores_on_one_file(tmp_path: Path) -> None:
     other's jobs, targets and byte total."""
     path = tmp_path / "shared.sqlite3"
     with store.open(path) as first, store.open(path) as second:
-        first.create_job("from-first", "alice", ["a"])
-        second.create_job("from-second", "bob", ["b"])
-        second.store_target("from-first", 0, "done", result="ñ")
-        first.store_target("from-second", 0, "failed", error="boom")
-        assert first.set_job_status("from-second", "failed")
-        assert second.set_job_status("from-second", "done") is False
+        Ledger.of(first).create_job("from-first", "alice", ["a"])
+        Ledger.of(second).create_job("from-second", "bob", ["b"])
+        Ledger.of(second).store_target("from-first", 0, "done", result="ñ")
+        Ledger.of(first).store_target("from-second", 0, "failed", error="boom")
+        assert Ledger.of(first).set_job_status("from-second", "failed")
+        assert Ledger.of(second).set_job_status("from-second", "done") is False
         for db in (first, second):
             a = job_of(db, "from-first", "alice")
             b = job_of(db, "from-second", "bob")
             assert a.targets[0].result == "ñ"
             assert (b.status, b.targets[0].error) == ("failed", "boom")
-            assert db.total_bytes() == 6
+            assert Ledger.of(db).total_bytes() == 6
         assert second.evict(0) == ["from-second"]
         assert first.get_job("from-second", "bob") is None
-        assert first.total_bytes() == 2
+        assert Ledger.of(first).total_bytes() == 2
 
 
 def test_two_stores_write_concurrently(tmp_path: Path) -> None:
@@ -289,9 +290,9 @@ def test_two_stores_write_concurrently(tmp_path: Path) -> None:
             db = stores[i % 2]
             for j in range(njobs):
                 job_id = f"s{i}-j{j}"
-                db.create_job(job_id, f"o{i}", [f"r{k}" for k in range(ntargets)])
+                Ledger.of(db).create_job(job_id, f"o{i}", [f"r{k}" for k in range(ntargets)])
                 for k in range(ntargets):
-                    db.store_target(job_id, k, "done", result="→" * (k + 1))
+                    Ledger.of(db).store_target(job_id, k, "done", result="→" * (k + 1))
 
         run_threads(work, 4)
         per_job = sum(3 * (k + 1) for k in range(ntargets))
@@ -301,7 +302,7 @@ def test_two_stores_write_concurrently(tmp_path: Path) -> None:
                     job = job_of(db, f"s{i}-j{j}", f"o{i}")
                     assert [t.status for t in job.targets] == ["done"] * ntargets
                     assert job.nbytes == per_job
-            assert db.total_bytes() == 4 * njobs * per_job
+            assert Ledger.of(db).total_bytes() == 4 * njobs * per_job
 
 
 # -- eviction's plan ----------------------------------------------------------
@@ -317,8 +318,8 @@ def test_eviction_reads_the_ended_jobs_in_its_own_order(tmp_path: Path, monkeypa
     path = tmp_path / "s.db"
     with store.open(str(path)) as db:
         ids = [f"job-{i}" for i in range(3)]
-        db.create_jobs("alice", [(job_id, ["a"]) for job_id in ids])
-        db.store_targets(
+        Ledger.of(db).create_jobs("alice", [(job_id, ["a"]) for job_id in ids])
+        Ledger.of(db).store_targets(
             [
                 store.TargetOutcome(
                     job_id, 0, store.TargetState.DONE, result='"x"', job_status=store.JobStatus.DONE

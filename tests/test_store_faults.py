@@ -14,6 +14,7 @@ import pytest
 import batch
 import store
 import store.sqlite
+from store.ledger import Ledger
 from tests.helpers import TIMEOUT, Script, frozen, trace
 
 
@@ -22,7 +23,7 @@ def test_a_new_store_file_is_private_to_its_owner(tmp_path: Path) -> None:
     mode_before = stat.S_IMODE(tmp_path.stat().st_mode)
     path = tmp_path / "private.sqlite3"
     with store.open(path) as db:
-        db.create_job("j", "alice", ["x"])
+        Ledger.of(db).create_job("j", "alice", ["x"])
         files = sorted(p.name for p in tmp_path.iterdir())
         assert files == ["private.sqlite3", "private.sqlite3-shm", "private.sqlite3-wal"]
         for name in files:
@@ -97,7 +98,7 @@ def test_reading_a_store_leaves_no_file_beside_it(tmp_path: Path) -> None:
     and -shm files go when it closes; a live writer keeps its own."""
     path = tmp_path / "s.sqlite3"
     with store.open(path) as db:
-        db.create_job("j", "alice", ["x"])
+        Ledger.of(db).create_job("j", "alice", ["x"])
     assert [p.name for p in tmp_path.iterdir()] == ["s.sqlite3"]
     with store.open(path, readonly=True) as ro:
         assert ro.find_job("j") is not None
@@ -106,7 +107,7 @@ def test_reading_a_store_leaves_no_file_beside_it(tmp_path: Path) -> None:
     with store.open(path) as writer:
         with store.open(path, readonly=True) as ro:
             assert ro.find_job("j") is not None
-        writer.create_job("k", "alice", ["y"])
+        Ledger.of(writer).create_job("k", "alice", ["y"])
         with store.open(path, readonly=True) as ro:
             assert ro.find_job("k") is not None
     assert [p.name for p in tmp_path.iterdir()] == ["s.sqlite3"]
@@ -119,7 +120,7 @@ def test_a_store_nobody_may_write_can_still_be_read(tmp_path: Path) -> None:
     folder.mkdir()
     path = folder / "x.sqlite3"
     with store.open(path) as db:
-        db.create_job("j", "alice", ["x"])
+        Ledger.of(db).create_job("j", "alice", ["x"])
     for paths in ([folder], [folder, path]):
         with frozen(*paths):
             with store.open(path, readonly=True) as ro:
@@ -153,7 +154,7 @@ def test_hostile_refs_are_stored_intact(db: store.Store, ref: str) -> None:
     assert seen == [ref]
     assert job.targets[0].target.ref == ref
     assert job.targets[0].result == {"ref": ref}
-    assert db.total_bytes() > 0
+    assert Ledger.of(db).total_bytes() > 0
 
 
 def test_unknown_and_foreign_ids_take_the_same_path(

@@ -15,6 +15,7 @@ import pytest
 
 import store
 from store import wal
+from store.ledger import Ledger
 from store.schema import MIGRATIONS, VERSION
 from tests.helpers import eventually, raw
 from tests.jobs_helpers import (
@@ -31,7 +32,7 @@ def test_open_creates_schema_version_and_wal(tmp_path: Path) -> None:
     readers and a writer can share it."""
     path = tmp_path / "new.sqlite3"
     with store.open(path) as db:
-        assert db.total_bytes() == 0
+        assert Ledger.of(db).total_bytes() == 0
         assert db.get_job("nope", "alice") is None
     assert sqlite_pragma(path, "user_version") == VERSION
     assert sqlite_pragma(path, "journal_mode") == "wal"
@@ -51,7 +52,7 @@ def test_the_log_stays_small_while_a_handle_writes_on(tmp_path: Path) -> None:
     result = "x" * 1000
     with store.open(path) as db:
         for n in range(300):
-            db.create_job(f"j{n}", "alice", [f"{n}-{k}-{result}" for k in range(100)])
+            Ledger.of(db).create_job(f"j{n}", "alice", [f"{n}-{k}-{result}" for k in range(100)])
         written = os.path.getsize(path)
         assert written > 30_000_000
         assert os.path.getsize(f"{path}-wal") < written / 3
@@ -67,10 +68,10 @@ def test_the_folding_thread_ends_when_writes_stop_and_comes_back_with_them(
     thread; the next write starts one again."""
     monkeypatch.setattr(wal, "IDLE_FOR", 0.05)
     with store.open(tmp_path / "quiet.sqlite3") as db:
-        db.create_job("j1", "alice", ["a"])
+        Ledger.of(db).create_job("j1", "alice", ["a"])
         assert folding()
         assert eventually(lambda: not folding())
-        db.create_job("j2", "alice", ["b"])
+        Ledger.of(db).create_job("j2", "alice", ["b"])
         assert folding()
     assert not folding()
 
@@ -80,7 +81,7 @@ def test_open_sets_up_an_empty_database_file(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite3"
     sqlite3.connect(path).close()
     with store.open(path) as db:
-        db.create_job("j", "alice", ["a"])
+        Ledger.of(db).create_job("j", "alice", ["a"])
         assert job_of(db, "j").status == "queued"
     assert sqlite_pragma(path, "user_version") == VERSION
 
@@ -124,15 +125,15 @@ def test_reopen_keeps_data(tmp_path: Path) -> None:
     """Data written before close is there after reopening the same file."""
     path = tmp_path / "jobs.sqlite3"
     with store.open(path) as db:
-        db.create_job("j1", "alice", ["a", "b"])
-        db.store_target("j1", 0, "done", result='"ü"')
-        assert db.set_job_status("j1", "running")
+        Ledger.of(db).create_job("j1", "alice", ["a", "b"])
+        Ledger.of(db).store_target("j1", 0, "done", result='"ü"')
+        assert Ledger.of(db).set_job_status("j1", "running")
         before = job_of(db, "j1")
-        total = db.total_bytes()
+        total = Ledger.of(db).total_bytes()
     with store.open(path, synchronous="FULL") as db:
         assert job_of(db, "j1") == before
-        assert db.total_bytes() == total == utf8_len('"ü"')
-        db.store_target("j1", 1, "failed", error="boom")
+        assert Ledger.of(db).total_bytes() == total == utf8_len('"ü"')
+        Ledger.of(db).store_target("j1", 1, "failed", error="boom")
         assert job_of(db, "j1").targets[1].status == "failed"
     assert sqlite_pragma(path, "user_version") == VERSION
 
@@ -185,7 +186,7 @@ def test_an_older_store_is_brought_forward_keeping_its_data(location: str) -> No
         (summary,) = db.list_jobs()
         assert (summary.done, summary.failed, summary.pending) == (1, 1, 1)
         with db.watch() as watch:
-            db.store_target("j1", 2, store.TargetState.DONE, result='"c"')
+            Ledger.of(db).store_target("j1", 2, store.TargetState.DONE, result='"c"')
             event = watch.get(10.0)
         assert event is not None
         assert (event.kind, event.id, event.data) == (
@@ -244,18 +245,18 @@ def test_bad_synchronous_is_a_value_error(tmp_path: Path, synchronous: str) -> N
 def test_good_synchronous_opens(tmp_path: Path, synchronous: str) -> None:
     """Both durability levels open a usable store."""
     with store.open(tmp_path / "s.sqlite3", synchronous=synchronous) as db:  # type: ignore[arg-type]
-        db.create_job("j", "alice", ["a"])
+        Ledger.of(db).create_job("j", "alice", ["a"])
         assert job_of(db, "j").status == "queued"
 
 
 CLOSED_CALLS: dict[str, Callable[[store.Store], object]] = {
-    "create_job": lambda db: db.create_job("k", "alice", ["a"]),
+    "create_job": lambda db: Ledger.of(db).create_job("k", "alice", ["a"]),
     "get_job": lambda db: db.get_job("j", "alice"),
-    "set_job_status": lambda db: db.set_job_status("j", "running"),
-    "store_target": lambda db: db.store_target("j", 0, "done", result="1"),
+    "set_job_status": lambda db: Ledger.of(db).set_job_status("j", "running"),
+    "store_target": lambda db: Ledger.of(db).store_target("j", 0, "done", result="1"),
     "touch_job": lambda db: db.touch_job("j", "alice"),
     "evict": lambda db: db.evict(0),
-    "total_bytes": lambda db: db.total_bytes(),
+    "total_bytes": lambda db: Ledger.of(db).total_bytes(),
 }
 
 
@@ -263,7 +264,7 @@ CLOSED_CALLS: dict[str, Callable[[store.Store], object]] = {
 def test_closed_store_raises_store_error(tmp_path: Path, call: str) -> None:
     """Every operation on a closed store raises StoreError, never a raw sqlite3 error."""
     db = store.open(tmp_path / "c.sqlite3")
-    db.create_job("j", "alice", ["a"])
+    Ledger.of(db).create_job("j", "alice", ["a"])
     db.close()
     with pytest.raises(store.StoreError, match="closed"):
         CLOSED_CALLS[call](db)
@@ -275,7 +276,7 @@ def test_close_is_idempotent(tmp_path: Path) -> None:
     db.close()
     db.close()
     with pytest.raises(store.StoreError):
-        db.total_bytes()
+        Ledger.of(db).total_bytes()
 
 
 def test_store_is_a_context_manager(tmp_path: Path) -> None:
@@ -285,9 +286,9 @@ def test_store_is_a_context_manager(tmp_path: Path) -> None:
     with store.open(path) as db:
         assert isinstance(db, store.Store)
         assert db.path == str(path)
-        db.create_job("j", "alice", ["a"])
+        Ledger.of(db).create_job("j", "alice", ["a"])
     with pytest.raises(store.StoreError):
-        db.total_bytes()
+        Ledger.of(db).total_bytes()
 
     class Boom(Exception):
         pass
@@ -310,11 +311,11 @@ def test_error_classes() -> None:
 
 
 def test_list_jobs_counts_targets_and_filters(db: store.Store) -> None:
-    db.create_job("j1", "alice", ["a", "b", "c"])
-    db.create_job("j2", "bob", ["x"])
-    db.store_target("j1", 0, "done", result="1")
-    db.store_target("j1", 1, "failed", error="boom")
-    db.store_target("j2", 0, "done", result="2", job_status="done")
+    Ledger.of(db).create_job("j1", "alice", ["a", "b", "c"])
+    Ledger.of(db).create_job("j2", "bob", ["x"])
+    Ledger.of(db).store_target("j1", 0, "done", result="1")
+    Ledger.of(db).store_target("j1", 1, "failed", error="boom")
+    Ledger.of(db).store_target("j2", 0, "done", result="2", job_status="done")
     summaries = db.list_jobs()
     assert [(s.id, s.owner, s.status, s.done, s.failed, s.pending) for s in summaries] == [
         ("j1", "alice", "queued", 1, 1, 1),
@@ -332,10 +333,10 @@ def test_list_jobs_counts_targets_and_filters(db: store.Store) -> None:
 def test_list_jobs_counts_a_job_interrupted_and_one_without_targets(db: store.Store) -> None:
     """Counts stay right through every way a target ends, and a job of no
     target is listed too."""
-    db.create_job("j1", "alice", ["a", "b", "c"])
-    db.create_job("empty", "alice", [])
-    db.store_target("j1", 0, "done", result="1")
-    assert db.interrupt_job("j1", "gone") == ("partial", 2)
+    Ledger.of(db).create_job("j1", "alice", ["a", "b", "c"])
+    Ledger.of(db).create_job("empty", "alice", [])
+    Ledger.of(db).store_target("j1", 0, "done", result="1")
+    assert Ledger.of(db).interrupt_job("j1", "gone") == ("partial", 2)
     assert [(s.id, s.status, s.done, s.failed, s.pending) for s in db.list_jobs()] == [
         ("j1", "partial", 1, 2, 0),
         ("empty", "queued", 0, 0, 0),
@@ -343,18 +344,18 @@ def test_list_jobs_counts_a_job_interrupted_and_one_without_targets(db: store.St
 
 
 def test_find_job_reads_any_owner(db: store.Store) -> None:
-    db.create_job("j1", "alice", ["a"])
+    Ledger.of(db).create_job("j1", "alice", ["a"])
     assert db.find_job("j1") == db.get_job("j1", "alice")
     assert db.find_job("nope") is None
 
 
 def test_readonly_open_reads_and_refuses_writes(location: str) -> None:
     with store.open(location) as db:
-        db.create_job("j1", "alice", ["a"])
+        Ledger.of(db).create_job("j1", "alice", ["a"])
     with store.open(location, readonly=True) as ro:
         assert ro.find_job("j1") is not None
         with pytest.raises(store.StoreError, match="reading only"):
-            ro.create_job("j2", "alice", ["a"])
+            Ledger.of(ro).create_job("j2", "alice", ["a"])
     with store.open(location, readonly=True) as ro:
         assert [s.id for s in ro.list_jobs()] == ["j1"]
 
@@ -380,12 +381,12 @@ def test_store_targets_stores_a_batch_in_one_go_and_reports_what_it_refused(
     """Outcomes of several jobs commit together; one the store cannot take
     (its job gone, its target stored already) is reported and stops none of
     the others; a job ends only if it was still live."""
-    db.create_job("a", "alice", ["1", "2"])
-    db.create_job("b", "alice", ["1"])
-    db.create_job("c", "alice", ["1"])
-    db.store_target("a", 0, "done", result="0")
-    db.set_job_status("c", "cancelled")
-    stored = db.store_targets(
+    Ledger.of(db).create_job("a", "alice", ["1", "2"])
+    Ledger.of(db).create_job("b", "alice", ["1"])
+    Ledger.of(db).create_job("c", "alice", ["1"])
+    Ledger.of(db).store_target("a", 0, "done", result="0")
+    Ledger.of(db).set_job_status("c", "cancelled")
+    stored = Ledger.of(db).store_targets(
         [
             store.TargetOutcome("a", 1, "done", result="11", job_status="done"),
             store.TargetOutcome("gone", 0, "done", result="x"),
@@ -409,7 +410,7 @@ def test_store_targets_stores_a_batch_in_one_go_and_reports_what_it_refused(
         "cancelled",
     )
     assert job_of(db, "c").targets[0].result == "3"
-    assert db.total_bytes() == utf8_len("0", "11", "e", "h", "3")
+    assert Ledger.of(db).total_bytes() == utf8_len("0", "11", "e", "h", "3")
 
 
 @pytest.mark.parametrize(
@@ -423,7 +424,7 @@ def test_a_target_outcome_refuses_a_status_it_cannot_store(status: str, job_stat
 def test_a_tracer_is_told_each_statement_a_call_runs(db: store.Store) -> None:
     """``Store.tracer`` sees every statement as the store writes it, with its
     parameters, on either engine; None stops it."""
-    db.create_job("j", "alice", ["a", "b"])
+    Ledger.of(db).create_job("j", "alice", ["a", "b"])
     seen: list[tuple[str, object]] = []
     db.tracer = lambda sql, params: seen.append((sql, params))
     assert db.get_job("j", "alice") is not None
@@ -442,7 +443,7 @@ def test_a_given_clock_is_the_store_s_time(location: str) -> None:
     not callable is refused before anything is opened."""
     now = [1_000_000.0]
     with store.open(location, clock=lambda: now[0]) as db:
-        db.create_job("j", "alice", ["a"])
+        Ledger.of(db).create_job("j", "alice", ["a"])
         assert db.get_job("j", "alice").created_at == 1_000_000.0  # type: ignore[union-attr]
         now[0] += 60
         db.touch_job("j", "alice")

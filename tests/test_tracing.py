@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from store.ledger import Ledger
+
 trace = pytest.importorskip("opentelemetry.trace")
 otel_context = pytest.importorskip("opentelemetry.context")
 sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
@@ -114,7 +116,7 @@ def test_a_runner_that_takes_the_job_up_continues_its_trace(db: store.Store, spa
     with tracer.start_as_current_span("request") as request:
         traceparent = batch.tracing.current()
     assert traceparent is not None
-    db.create_jobs("alice", [("j1", ["a", "b"])], traces=[traceparent])
+    Ledger.of(db).create_jobs("alice", [("j1", ["a", "b"])], traces=[traceparent])
     assert db.find_job("j1").trace == traceparent  # type: ignore[union-attr]
     config = batch.Config(workers=1, resume=batch.Caller)
     with batch.Runner(db, Script(), config) as r:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import store
 from store import UpstreamWant
+from store.ledger import Ledger
 from tests.helpers import Clock
 
 UP = "https://example.org:443"
@@ -31,13 +32,13 @@ def want(  # type: ignore[no-untyped-def]
 
 
 def slots(db: store.Store, runner: str, **kw: object) -> int | None:
-    return db.sync_upstreams(runner, LAPSE, want(**kw))[UP].slots  # type: ignore[arg-type]
+    return Ledger.of(db).sync_upstreams(runner, LAPSE, want(**kw))[UP].slots  # type: ignore[arg-type]
 
 
 def test_one_runner_alone_gets_the_whole_upstream(db: store.Store, clock: Clock) -> None:
-    share = db.sync_upstreams("a", LAPSE, want(concurrency=3))[UP]
+    share = Ledger.of(db).sync_upstreams("a", LAPSE, want(concurrency=3))[UP]
     assert (share.runners, share.slots, share.held_for) == (1, 3, 0.0)
-    assert db.sync_upstreams("a", LAPSE, want(concurrency=None))[UP].slots is None
+    assert Ledger.of(db).sync_upstreams("a", LAPSE, want(concurrency=None))[UP].slots is None
 
 
 def test_two_runners_converge_to_equal_shares_never_past_the_limit(
@@ -47,7 +48,7 @@ def test_two_runners_converge_to_equal_shares_never_past_the_limit(
     assert slots(db, "b", concurrency=4) == 0  # a holds them all until it syncs
     assert slots(db, "a", concurrency=4) == 2
     assert slots(db, "b", concurrency=4) == 2
-    share = db.sync_upstreams("b", LAPSE, want(concurrency=4))[UP]
+    share = Ledger.of(db).sync_upstreams("b", LAPSE, want(concurrency=4))[UP]
     assert share.runners == 2
 
 
@@ -69,7 +70,7 @@ def test_a_runner_that_wants_nothing_keeps_its_share_until_another_does(
     assert slots(db, "b", concurrency=2) == 0  # b wants it: a gives it back first
     assert slots(db, "a", concurrency=2, demand=0) == 0
     assert slots(db, "b", concurrency=2) == 2
-    assert db.sync_upstreams("b", LAPSE, want(concurrency=2))[UP].runners == 1
+    assert Ledger.of(db).sync_upstreams("b", LAPSE, want(concurrency=2))[UP].runners == 1
 
 
 def test_leftover_slots_go_round_in_turn(db: store.Store, clock: Clock) -> None:
@@ -95,25 +96,25 @@ def test_a_dead_runner_s_share_counts_until_it_lapses(db: store.Store, clock: Cl
 
 
 def test_a_closed_runner_gives_its_share_back_at_once(db: store.Store, clock: Clock) -> None:
-    db.register_runner("a", LAPSE)
+    Ledger.of(db).register_runner("a", LAPSE)
     assert slots(db, "a", concurrency=2) == 2
-    db.retire_runner("a")
+    Ledger.of(db).retire_runner("a")
     assert slots(db, "b", concurrency=2) == 2
 
 
 def test_a_hold_is_seen_by_every_runner_and_never_shortened(db: store.Store, clock: Clock) -> None:
-    db.sync_upstreams("a", LAPSE, want(hold=5.0))
+    Ledger.of(db).sync_upstreams("a", LAPSE, want(hold=5.0))
     clock.tick(1)
-    assert db.sync_upstreams("b", LAPSE, want())[UP].held_for == pytest.approx(4.0)
-    db.sync_upstreams("b", LAPSE, want(hold=1.0))
-    assert db.sync_upstreams("a", LAPSE, want())[UP].held_for == pytest.approx(4.0)
+    assert Ledger.of(db).sync_upstreams("b", LAPSE, want())[UP].held_for == pytest.approx(4.0)
+    Ledger.of(db).sync_upstreams("b", LAPSE, want(hold=1.0))
+    assert Ledger.of(db).sync_upstreams("a", LAPSE, want())[UP].held_for == pytest.approx(4.0)
     clock.tick(10)
-    assert db.sync_upstreams("a", LAPSE, want())[UP].held_for == 0.0
+    assert Ledger.of(db).sync_upstreams("a", LAPSE, want())[UP].held_for == 0.0
 
 
 def test_the_rate_is_shared_and_never_granted_twice(db: store.Store, clock: Clock) -> None:
     def rate(runner: str, demand: int = 1) -> float | None:
-        return db.sync_upstreams(runner, LAPSE, want(demand, None, rate=20.0))[UP].rate
+        return Ledger.of(db).sync_upstreams(runner, LAPSE, want(demand, None, rate=20.0))[UP].rate
 
     assert rate("a") == 20.0
     assert rate("b") == 0.0  # a holds it all until it syncs
@@ -126,7 +127,7 @@ def test_the_rate_is_shared_and_never_granted_twice(db: store.Store, clock: Cloc
 
 def test_upstreams_no_longer_named_are_let_go(db: store.Store, clock: Clock) -> None:
     assert slots(db, "a", concurrency=1) == 1
-    assert db.sync_upstreams("a", LAPSE, []) == {}
+    assert Ledger.of(db).sync_upstreams("a", LAPSE, []) == {}
     assert slots(db, "b", concurrency=1) == 1
 
 
@@ -164,7 +165,9 @@ def test_fetches_in_flight_never_sum_past_the_concurrency(
             if clock.time() - seen[runner] > LAPSE:
                 inflight[runner] = 0  # silent past its lapse: it died, and this one is new
             inflight[runner] -= int(inflight[runner] * returned)
-            share = db.sync_upstreams(runner, LAPSE, want(demand, concurrency, inflight[runner]))
+            share = Ledger.of(db).sync_upstreams(
+                runner, LAPSE, want(demand, concurrency, inflight[runner])
+            )
             granted = share[UP].slots
             assert granted is not None
             seen[runner] = clock.time()
@@ -175,8 +178,8 @@ def test_fetches_in_flight_never_sum_past_the_concurrency(
 
 
 def test_the_store_lists_what_is_held_or_wanted(db: store.Store, clock: Clock) -> None:
-    db.sync_upstreams("a", LAPSE, want(concurrency=2, hold=30.0))
-    db.sync_upstreams("b", LAPSE, [UpstreamWant("other", 2, None, 5.0, 0)])
+    Ledger.of(db).sync_upstreams("a", LAPSE, want(concurrency=2, hold=30.0))
+    Ledger.of(db).sync_upstreams("b", LAPSE, [UpstreamWant("other", 2, None, 5.0, 0)])
     clock.tick(2)
     views = {v.name: v for v in db.upstreams()}
     assert views[UP].held_until == pytest.approx(clock.now + 28.0)

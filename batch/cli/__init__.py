@@ -71,6 +71,7 @@ from store.console import (
     stopping,
     table,
 )
+from store.ledger import Ledger
 
 from .. import explain, web
 from ..errors import InvalidJob, JobNotFound
@@ -363,7 +364,7 @@ def _status(args: argparse.Namespace) -> Output:
     with store.open(args.db, readonly=True) as db:
         job = _summary(_find(db, args.job))
         paused = db.paused()
-        after = db.after_of(job.id)
+        after = Ledger.of(db).after_of(job.id)
     out = _job_output(job, paused)
     if not after:
         return out
