@@ -11,145 +11,29 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-import batch
-import store
-from bench.counting import serving
-from store.ledger import Ledger
-from tests.helpers import frozen, within
+from tests.cli_helpers import (
+    CRAWL_DELAY,
+    REPO,
+    SUMMARY,
+    WAIT,
+    Upstream,
+    cli,
+    command,
+    environment,
+    outcome,
+    stored,
+    upstream_fixture,  # noqa: F401 (the fixture ``upstream``)
+    url_file,
+)
+from tests.helpers import within
 
 pytestmark = pytest.mark.timeout(60)
-
-REPO = Path(__file__).resolve().parent.parent
-WAIT = 30.0
-#: The Crawl-delay the test server's robots.txt asks of "localhost".
-CRAWL_DELAY = 0.2
-#: The columns of the table ``demo`` and ``fetch`` end with.
-SUMMARY = ["job", "name", "caller", "status", "done", "failed", "pending", "seconds", "retries"]
-
-
-class Upstream(ThreadingHTTPServer):
-    """A server answering by path: ``/busy/...`` 429 (``Retry-After: 0``) the
-    first time, then 200; ``/missing`` 404; ``/broken`` 500; ``/hold`` sets
-    ``arrived``, then answers 200 once ``release`` is set; any other path 200,
-    with the path as the body."""
-
-    daemon_threads = False  # server_close() joins every handler thread
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.arrived = threading.Event()
-        self.release = threading.Event()
-        self._lock = threading.Lock()
-        self._asked: Counter[str] = Counter()
-        self.arrivals: list[float] = []  # time.monotonic() of each request
-
-    def url(self, path: str, host: str = "127.0.0.1") -> str:
-        return f"http://{host}:{self.server_port}{path}"
-
-    def asked(self, path: str) -> int:
-        """How many requests came for ``path``."""
-        with self._lock:
-            return self._asked[path]
-
-    def note(self, path: str) -> int:
-        with self._lock:
-            self.arrivals.append(time.monotonic())
-            self._asked[path] += 1
-            return self._asked[path]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Upstream
-
-    def do_GET(self) -> None:
-        path = urllib.parse.urlsplit(self.path).path
-        times = self.server.note(path)
-        headers = {}
-        if path == "/robots.txt" and self.headers.get("Host", "").startswith("localhost"):
-            body = f"User-agent: *\nCrawl-delay: {CRAWL_DELAY}\n".encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        if path.startswith("/busy/") and times == 1:
-            status, headers = 429, {"Retry-After": "0"}
-        elif path in ("/missing", "/broken"):
-            status = 404 if path == "/missing" else 500
-        else:
-            status = 200
-        if path == "/hold":
-            self.server.arrived.set()
-            self.server.release.wait(WAIT)
-        body = path.encode()
-        self.send_response(status)
-        for name, value in {**headers, "Content-Length": str(len(body))}.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def upstream() -> Iterator[Upstream]:
-    with serving(Upstream()) as server:
-        try:
-            yield server
-        finally:
-            server.release.set()
-
-
-def environment() -> dict[str, str]:
-    """This environment, without a default store or a proxy in the way."""
-    env = {k: v for k, v in os.environ.items() if k != "BATCH_DB" and "proxy" not in k.lower()}
-    return {**env, "PYTHONPATH": str(REPO), "NO_PROXY": "*"}
-
-
-def command(*args: str | Path) -> list[str]:
-    return [sys.executable, "-m", "batch", *map(str, args)]
-
-
-def cli(*args: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m batch ARGS`` to its end."""
-    return subprocess.run(
-        command(*args),
-        cwd=REPO,
-        env=environment(),
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=False,
-    )
-
-
-def url_file(tmp_path: Path, *lines: str) -> Path:
-    path = tmp_path / "urls.txt"
-    path.write_text("".join(f"{line}\n" for line in lines))
-    return path
-
-
-def stored(path: Path) -> list[store.JobRow]:
-    """Every job in the store at ``path``, with its targets, oldest first."""
-    with store.open(path, readonly=True) as db:
-        return [job for s in db.list_jobs() if (job := db.find_job(s.id)) is not None]
-
-
-def outcome(target: store.TargetRow) -> tuple[str, str, str | None, str | None]:
-    return target.ref, target.status, target.error, target.hint
-
 
 # -- demo ---------------------------------------------------------------------------
 
@@ -405,230 +289,6 @@ def test_wait_and_cancel_reach_a_job_another_process_runs(
     assert again.stdout.rstrip().endswith("had ended already: nothing cancelled")
 
 
-# -- jobs, status, targets -------------------------------------------------------------
-
-
-@pytest.fixture
-def history(tmp_path: Path) -> tuple[Path, list[str]]:
-    """A store with 17 jobs of one target each (so two of their ids share a
-    first character), then one of bob's that ends partial; and their ids."""
-
-    def fetch(ctx: batch.Context, caller: batch.Caller, target: batch.Target) -> object:
-        if target.ref == "bad":
-            raise batch.TargetError("no such thing", hint="check the ref")
-        return {"ref": target.ref}
-
-    path = tmp_path / "jobs.sqlite3"
-    alice, bob = batch.Caller("alice"), batch.Caller("bob")
-    with store.open(path) as db, batch.Runner(db, fetch) as runner:
-        ids = [runner.submit(alice, [f"doc-{n}"]) for n in range(17)]
-        ids.append(runner.submit(bob, ["good", "bad"]))
-        for job_id in ids:
-            runner.wait(bob if job_id == ids[-1] else alice, job_id, timeout=WAIT)
-    return path, ids
-
-
-def test_jobs_lists_the_store(history: tuple[Path, list[str]]) -> None:
-    path, ids = history
-    done = cli("jobs", "--db", path, "--json")
-    assert (done.returncode, done.stderr) == (0, ""), done
-    jobs = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [j["id"] for j in jobs] == ids
-    assert jobs[-1] == {
-        **jobs[-1],
-        "caller": "bob",
-        "status": "partial",
-        "done": 1,
-        "failed": 1,
-        "pending": 0,
-    }
-    table = cli("jobs", "--db", path, "--caller", "bob").stdout.splitlines()
-    assert table[0].split()[:4] == ["job", "name", "caller", "status"]
-    assert [line.split()[:4] for line in table[1:]] == [[ids[-1][:12], "-", "bob", "partial"]]
-    assert cli("jobs", "--db", path, "--caller", "carol").stdout == "no jobs\n"
-    assert cli("jobs", "--db", path, "--caller", "carol", "--json").stdout == ""
-
-
-def test_pause_and_unpause_are_stored_and_shown(history: tuple[Path, list[str]]) -> None:
-    """``pause`` stores what it is given and shows what is paused (alone:
-    only shows it); ``jobs`` and ``status`` say whose caller is paused;
-    ``unpause`` lifts it; a runner opened later honours what is stored."""
-    path, _ = history
-    assert cli("pause", "--db", path).stdout == "nothing is paused\n"
-    done = cli("pause", "--caller", "alice", "--db", path, "--json")
-    assert done.returncode == 0, done
-    assert [json.loads(line)["name"] for line in done.stdout.splitlines()] == ["alice"]
-    refused = cli("pause", "--upstream", "example.org", "--db", path)
-    assert refused.returncode == 2, refused  # no runner has met it: it would pause nothing
-    assert "no upstream 'example.org'" in refused.stderr
-    with store.open(path) as db:  # as a runner that meets it tells the store
-        Ledger.of(db).sync_upstreams("runner-1", 60, [], ["https://example.org:443"])
-    done = cli("pause", "--upstream", "example.org", "--db", path)
-    assert [line.split()[:2] for line in done.stdout.splitlines()] == [
-        ["paused", "name"],
-        ["caller", "alice"],
-        ["upstream", "example.org"],
-    ]
-    jobs = cli("jobs", "--db", path)
-    assert jobs.stdout.splitlines()[-1] == "paused: caller alice, upstream example.org"
-    listed = [json.loads(line) for line in cli("jobs", "--db", path, "--json").stdout.splitlines()]
-    assert [j["paused"] for j in listed] == [True] * 17 + [False]
-    with store.open(path) as db, batch.Runner(db, lambda ctx, caller, target: None) as runner:
-        job = runner.submit(batch.Caller("alice"), ["x"])
-        assert within(WAIT, lambda: runner.explain(batch.Caller("alice"), job)["state"] == "paused")
-        status = cli("status", job, "--db", path)
-        assert "queued (its caller is paused)" in status.stdout, status
-        done = cli("unpause", "--caller", "alice", "--upstream", "example.org", "--db", path)
-        assert done.stdout == "nothing is paused\n"
-        # This runner learns it at its next beat.
-        assert runner.wait(batch.Caller("alice"), job, timeout=WAIT).status == "done"
-    assert cli("pause", "--caller", "", "--db", path).returncode == 2
-
-
-def test_prune_deletes_what_ended_of_the_statuses_given(history: tuple[Path, list[str]]) -> None:
-    path, ids = history
-    kept = cli("prune", "--older-than", "3600", "--db", path, "--json")
-    assert (kept.returncode, json.loads(kept.stdout)) == (0, {"pruned": 0}), kept
-    done = cli("prune", "--older-than", "0", "--status", "partial", "--db", path)
-    assert (done.returncode, done.stdout) == (0, "pruned 1 job(s)\n"), done
-    with store.open(path) as db:
-        assert [j.id for j in db.list_jobs()] == ids[:-1]
-    assert cli("prune", "--older-than", "0", "--status", "queued", "--db", path).returncode == 2
-    assert cli("prune", "--db", path).returncode == 2
-
-
-def test_status_shows_when_a_job_starts_and_what_it_waits_after(tmp_path: Path) -> None:
-    path = tmp_path / "jobs.sqlite3"
-    with store.open(path) as db:
-        Ledger.of(db).create_job("first-job-00000", "alice", ["a"])
-        Ledger.of(db).create_jobs(
-            "alice",
-            [("later-job-00000", ["b"])],
-            later=store.Later(2_000_000_000.0, ("first-job-00000",), after_ok=True),
-        )
-    shown = cli("status", "later-job", "--db", path, "--json")
-    assert shown.returncode == 0, shown
-    data = json.loads(shown.stdout)
-    assert (data["status"], data["deferred"], data["after"]) == (
-        "queued",
-        True,
-        ["first-job-00000"],
-    )
-    assert data["not_before"] == 2_000_000_000.0
-    text = cli("status", "later-job", "--db", path).stdout
-    assert "starts   not before 2033-05-18" in text, text
-    assert "after    first-job-00 (1 not ended)" in text, text
-
-
-def test_views_read_a_store_nobody_may_write(history: tuple[Path, list[str]]) -> None:
-    path, ids = history
-    with frozen(path.parent, path):
-        done = cli("jobs", "--db", path, "--json")
-        assert (done.returncode, done.stderr) == (0, ""), done
-        assert len(done.stdout.splitlines()) == len(ids)
-        assert cli("status", ids[0], "--db", path).returncode == 0
-    assert sorted(p.name for p in path.parent.iterdir()) == ["jobs.sqlite3"]
-
-
-def test_status_and_targets_take_a_unique_prefix(history: tuple[Path, list[str]]) -> None:
-    path, ids = history
-    prefix = ids[-1][:6]
-    status = cli("status", prefix, "--db", path, "--json")
-    assert status.returncode == 1, status  # the job ended partial
-    assert json.loads(status.stdout)["id"] == ids[-1]
-    targets = cli("targets", prefix, "--db", path, "--json")
-    assert targets.returncode == 0, targets
-    assert [json.loads(line) for line in targets.stdout.splitlines()] == [
-        {
-            "id": ids[-1],
-            "job_id": ids[-1],
-            "pos": 0,
-            "ref": "good",
-            "status": "done",
-            "error": None,
-            "hint": None,
-            "result": {"ref": "good"},
-            "result_bytes": len('{"ref":"good"}'),
-        },
-        {
-            "id": ids[-1],
-            "job_id": ids[-1],
-            "pos": 1,
-            "ref": "bad",
-            "status": "failed",
-            "error": "no such thing",
-            "hint": "check the ref",
-            "result": None,
-            "result_bytes": None,
-        },
-    ]
-    assert "no such thing (check the ref)" in cli("targets", prefix, "--db", path).stdout
-
-
-def test_an_ambiguous_prefix_is_refused(history: tuple[Path, list[str]]) -> None:
-    path, ids = history
-    [(first, _)] = Counter(job_id[0] for job_id in ids).most_common(1)
-    done = cli("status", first, "--db", path)
-    assert done.returncode == 2
-    assert re.fullmatch(
-        rf"batch: '{first}' is the start of \d+ job ids: give more of it\n", done.stderr
-    )
-
-
-# -- bad input ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("args", "code", "message"),
-    [
-        (["fetch", "{tmp}/nowhere.txt"], 1, "cannot read .*nowhere.txt: No such file"),
-        (["fetch", "{urls}"], 2, r"urls.txt line 3: not an http, https or file URL: 'ftp://x/'"),
-        (["fetch", "{tmp}/empty.txt"], 2, "empty.txt: no URLs in it"),
-        (["fetch", "{tmp}/latin1.txt"], 2, "latin1.txt: not UTF-8 text"),
-        (["fetch", "{tmp}/spaces.txt"], 2, "spaces.txt line 1: spaces or control characters"),
-        (["fetch", "{tmp}/nohost.txt"], 2, "nohost.txt line 1: no host in 'http:///x'"),
-        (["fetch", "{ok}", "--save", "{tmp}/empty.txt"], 2, "--save: .* is not a directory"),
-        (
-            ["fetch", "{ok}", "--workers", "0"],
-            2,
-            "argument --workers: expected a whole number >= 1, not '0'",
-        ),
-        (["fetch", "{ok}", "--db", "{tmp}/empty.txt"], 1, "not a store file"),
-        (["jobs", "--db", "{tmp}/missing.sqlite3"], 1, "no store file at"),
-        (["jobs", "--db", "{tmp}/empty.txt"], 1, "not a store file"),
-        (["jobs", "--db", "{db}", "--status", "lost"], 2, "argument --status: invalid choice"),
-        (["status", "feed", "--db", "{db}"], 3, "no job 'feed' in"),
-        (["targets", "\u00e9t\u00e9", "--db", "{db}"], 3, "no job '\u00e9t\u00e9' in"),
-        (["cancel", "feed", "--db", "{db}"], 3, "no job 'feed' in"),
-        (["fetch", "{ok}", "--max-bytes", "lots"], 2, "argument --max-bytes: expected a size"),
-        (["fetch", "{ok}", "--per-host", "2", "--in-order"], 2, "not allowed with argument"),
-        (["fetch", "{ok}", "--rate", "fast"], 2, r"argument --rate: not a rate: 'fast' \(say 20/s"),
-        (["fetch", "{ok}", "--rate", "0/s"], 2, "argument --rate: not a rate: '0/s'"),
-        (["fetch", "{ok}", "--rate", "5/week"], 2, "argument --rate: not a rate"),
-        (["fetch", "{ok}", "--concurrency", "0"], 2, "argument --concurrency: expected a whole"),
-        ([], 2, "the following arguments are required"),
-        (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
-    ],
-)
-def test_bad_input_is_one_line_on_stderr(
-    tmp_path: Path, args: list[str], code: int, message: str
-) -> None:
-    (tmp_path / "empty.txt").write_text("# nothing\n\n")
-    (tmp_path / "latin1.txt").write_bytes("http://h/caf\u00e9\n".encode("latin-1"))
-    (tmp_path / "spaces.txt").write_text("http://h/a b\n")
-    (tmp_path / "nohost.txt").write_text("http:///x\n")
-    (tmp_path / "ok.txt").write_text("http://127.0.0.1:9/\n")
-    url_file(tmp_path, "http://h/", "# comment", "ftp://x/")
-    store.open(tmp_path / "jobs.sqlite3").close()
-    paths = {"tmp": tmp_path, "urls": tmp_path / "urls.txt", "ok": tmp_path / "ok.txt"}
-    paths["db"] = tmp_path / "jobs.sqlite3"
-    done = cli(*(arg.format(**paths) for arg in args))
-    assert done.returncode == code, done
-    assert done.stderr.count("\n") == 1, done.stderr
-    assert re.match(f"batch: .*{message}", done.stderr), done.stderr
-    assert "Traceback" not in done.stderr
-
-
 # -- stopping a fetch: SIGTERM, a reader gone, Ctrl-C on a terminal -----------------------
 
 
@@ -742,25 +402,6 @@ def test_ctrl_c_on_a_terminal_leaves_the_board_and_the_message_on_screen(
     assert lines[said].startswith("batch: interrupted: cancelled 1 job(s)"), lines
     assert "127.0.0.1" in lines[said - 1] and "cancelled" in lines[said - 1], lines
     assert lines[-1] == "EXIT=130", lines
-
-
-def test_upstreams_and_explain_say_why_a_job_waits_on_its_host(tmp_path: Path) -> None:
-    """A job whose next URL's host a busy answer holds is explained so, and
-    the host is listed with its hold."""
-    db_path = tmp_path / "jobs.sqlite3"
-    with store.open(db_path) as db:
-        Ledger.of(db).create_jobs(
-            "me", [("j1", ["http://example.org/a"])], "runner-1", lease_for=60
-        )
-        Ledger.of(db).sync_upstreams(
-            "runner-1", 60, [store.UpstreamWant("http://example.org:80", 1, None, None, 0, 30.0)]
-        )
-    listed = cli("upstreams", "--db", db_path)
-    assert listed.returncode == 0, listed
-    assert re.search(r"^http://example\.org:80\s+(29|30)s\s+1\s+1\s", listed.stdout, re.M), listed
-    why = cli("explain", "j1", "--db", db_path)
-    assert why.returncode == 0, why
-    assert "held for" in why.stdout and "http://example.org:80" in why.stdout, why.stdout
 
 
 def test_fetch_honours_the_crawl_delay_of_robots_txt(tmp_path: Path, upstream: Upstream) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import nginx as nginxserver
-from tests.test_cli_batch import cli, url_file
+from tests.cli_helpers import cli, url_file
 
 RATE = 20
 FILES = 60
