@@ -5,7 +5,7 @@ meaning:
 - :func:`record`, the portable way (SQLite's): one read decides every
   outcome, then one statement per kind of write runs over all its rows
   (``executemany``, a loop in C on SQLite);
-- :data:`SERVER_FUNCTION`, PostgreSQL's: a function the schema installs,
+- ``store_record``, PostgreSQL's: a function the schema installs (step 9),
   called by :func:`record_on_server` with the batch as arrays. It locks,
   decides, writes and evicts on the server, and the call goes out with the
   transaction's BEGIN and COMMIT: one round trip per batch, however many
@@ -34,9 +34,9 @@ from .errors import Conflict, NotFound
 from .fence import holds, lease_args
 from .jobs import add_bytes, byte_slot, evict_past, total_bytes
 from .shapes import Lease, Stored, TargetOutcome
-from .states import LIVE_JOB, LIVE_SQL, TERMINAL_SQL, JobStatus, TargetState
+from .states import LIVE_JOB, JobStatus, TargetState
 
-__all__ = ["SERVER_FUNCTION", "record", "record_on_server"]
+__all__ = ["record", "record_on_server"]
 
 #: What became of one outcome: stored, or refused because its job is
 #: ``gone``, held under another ``lease``, or its target ``stored`` already.
@@ -210,144 +210,6 @@ def _stored(
 
 # -- PostgreSQL: the batch in one call ---------------------------------------------------
 
-#: The function PostgreSQL's schema installs: :func:`record` on the server,
-#: taking the batch as JSON (an array of outcomes, an array of starting
-#: jobs; see :func:`record_on_server`). It runs two statements: the first
-#: locks the jobs, the second decides every verdict and makes every write
-#: (each of its parts sees the jobs as locked: it takes a new snapshot,
-#: READ COMMITTED); then the byte total, and eviction if asked. Returns
-#: each outcome's verdict and its job's status as decided, and the ids
-#: evicted. Once released, a change to it is a new schema step
-#: (``CREATE OR REPLACE``), never an edit of this text.
-SERVER_FUNCTION = f"""
-CREATE FUNCTION store_record(
-    batch JSON, starting JSON,
-    max_bytes BIGINT, evict_lock BIGINT, my_slot INTEGER, at DOUBLE PRECISION,
-    OUT verdicts TEXT[], OUT seen TEXT[], OUT evicted TEXT[]
-) LANGUAGE plpgsql
-  -- Each statement planned once per session: planning it anew for each
-  -- batch (the default, while a custom plan seems cheaper) cost more than
-  -- running it. Every statement reaches its rows by key from the batch's
-  -- few, so no plan scans a table or joins one whole: one made while a
-  -- table was small would go on scanning it once large (a batch of 4
-  -- outcomes took 5 ms scanning 20,000 targets; a merge join read the
-  -- targets of every job in order). (The one scan left, of the byte
-  -- slots, then looks costly enough to compile: no compiling, which cost
-  -- 60 ms a batch.)
-  SET plan_cache_mode = force_generic_plan
-  SET enable_seqscan = off
-  SET enable_mergejoin = off
-  SET enable_hashjoin = off
-  SET jit = off
-AS $$
-DECLARE
-    added BIGINT;
-    total BIGINT;
-    kept  BIGINT;
-    gone  RECORD;
-BEGIN
-    -- The jobs decided on, locked in id order.
-    PERFORM 1 FROM jobs
-      WHERE id = ANY (ARRAY(SELECT o.job FROM json_to_recordset(batch) AS o (job TEXT)
-                            UNION ALL
-                            SELECT s.job FROM json_to_recordset(starting) AS s (job TEXT)))
-      ORDER BY id FOR UPDATE;
-
-    WITH o AS (
-        SELECT * FROM ROWS FROM (json_to_recordset(batch) AS (
-                   job TEXT, pos INTEGER, status TEXT, result TEXT, error TEXT, hint TEXT,
-                   nbytes BIGINT, job_end TEXT, owner TEXT, token BIGINT))
-             WITH ORDINALITY
-             AS o (job, pos, status, result, error, hint, nbytes, job_end, owner, token, ord)
-    ), seen AS (
-        SELECT o.*, j.status AS job_status, t.status AS target,
-               coalesce(o.owner IS NULL
-                   OR (j.lease_owner = o.owner AND j.lease_token = o.token)
-                   OR (j.lease_owner IS NULL AND j.lease_token = o.token
-                       AND j.status NOT IN {LIVE_SQL}), false) AS holds
-          FROM o
-          LEFT JOIN jobs j ON j.id = o.job
-          LEFT JOIN targets t ON t.job_id = o.job AND t.pos = o.pos
-    ), c AS (
-        SELECT seen.*,
-               CASE WHEN job_status IS NULL THEN 'gone'
-                    WHEN NOT holds THEN 'lease'
-                    WHEN target IS DISTINCT FROM '{TargetState.PENDING}' THEN 'stored'
-                    -- The first of two for one target wins.
-                    WHEN row_number() OVER (PARTITION BY job, pos, holds, target
-                                            ORDER BY ord) > 1 THEN 'stored'
-                    ELSE 'ok' END AS verdict
-          FROM seen
-    ), stored AS (
-        UPDATE targets t
-           SET status = c.status, result = c.result, error = c.error, hint = c.hint
-          FROM c
-         WHERE c.verdict = 'ok' AND t.job_id = c.job AND t.pos = c.pos
-    ), changes AS (
-        SELECT job, sum(nbytes) AS nbytes,
-               count(*) FILTER (WHERE status = '{TargetState.DONE}') AS ndone,
-               count(*) FILTER (WHERE status = '{TargetState.FAILED}') AS nfailed,
-               bool_or(owner IS NOT NULL) AS starts,
-               (array_agg(job_end ORDER BY ord) FILTER (WHERE job_end IS NOT NULL))[1] AS job_end
-          FROM c WHERE verdict = 'ok' GROUP BY job
-        UNION ALL
-        SELECT s.job, 0, 0, 0, true, NULL
-          FROM json_to_recordset(starting) AS s (job TEXT, owner TEXT, token BIGINT)
-          JOIN jobs j ON j.id = s.job
-         WHERE j.status = '{JobStatus.QUEUED}'
-           AND (s.owner IS NULL OR (j.lease_owner = s.owner AND j.lease_token = s.token))
-    ), by_job AS (
-        SELECT job, sum(nbytes) AS nbytes, sum(ndone) AS ndone, sum(nfailed) AS nfailed,
-               bool_or(starts) AS starts, max(job_end) AS job_end
-          FROM changes GROUP BY job
-    ), changed AS (
-        UPDATE jobs j
-           SET nbytes = j.nbytes + c.nbytes, ndone = j.ndone + c.ndone,
-               nfailed = j.nfailed + c.nfailed, updated_at = at,
-               status = CASE WHEN j.status NOT IN {LIVE_SQL} THEN j.status
-                             WHEN c.job_end IS NOT NULL THEN c.job_end
-                             WHEN c.starts THEN '{JobStatus.RUNNING}'
-                             ELSE j.status END,
-               touched_at = CASE WHEN c.job_end IS NOT NULL
-                                      AND j.status IN {LIVE_SQL}
-                                 THEN at ELSE j.touched_at END,
-               lease_owner = CASE WHEN c.job_end IS NOT NULL
-                                       AND j.status IN {LIVE_SQL}
-                                  THEN NULL ELSE j.lease_owner END
-          FROM by_job c
-         WHERE j.id = c.job
-    )
-    SELECT coalesce(array_agg(verdict ORDER BY ord), '{{}}'),
-           coalesce(array_agg(job_status ORDER BY ord), '{{}}'),
-           coalesce(sum(nbytes) FILTER (WHERE verdict = 'ok'), 0)
-      INTO verdicts, seen, added
-      FROM c;
-
-    evicted := '{{}}';
-    IF max_bytes IS NOT NULL THEN
-        SELECT coalesce(sum(b.total), 0) + added INTO total FROM job_bytes b;
-        kept := total;
-        IF total > max_bytes AND pg_try_advisory_xact_lock(evict_lock) THEN
-            WHILE kept > max_bytes LOOP
-                SELECT id, nbytes INTO gone FROM jobs
-                 WHERE status IN {TERMINAL_SQL}
-                 ORDER BY touched_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED;
-                EXIT WHEN NOT FOUND;
-                DELETE FROM targets WHERE job_id = gone.id;
-                DELETE FROM jobs WHERE id = gone.id;
-                kept := kept - gone.nbytes;
-                evicted := evicted || gone.id;
-            END LOOP;
-            added := added - (total - kept);
-        END IF;
-    END IF;
-    IF added <> 0 THEN
-        INSERT INTO job_bytes (slot, total) VALUES (my_slot, added)
-            ON CONFLICT (slot) DO UPDATE SET total = job_bytes.total + excluded.total;
-    END IF;
-END $$
-"""
-
 
 def record_on_server(
     conn: Tx,
@@ -358,7 +220,7 @@ def record_on_server(
     evict_lock: int,
     now: str,
 ) -> Stored:
-    """Store a batch by one call of :data:`SERVER_FUNCTION`, the
+    """Store a batch by one call of ``store_record`` (schema step 9), the
     transaction's last statement (``Tx.finish``: its COMMIT goes with it).
     ``evict_lock`` is the key of the lock eviction tries; ``now`` the SQL
     of the transaction's time.

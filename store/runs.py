@@ -20,7 +20,6 @@ from .shapes import Assigned, Claim, NewRun, RunView, Step, StepView
 from .states import RunState, StepState, sql_list
 
 __all__ = [
-    "QUEUE_FUNCTION",
     "CheckedStep",
     "cancel",
     "check_steps",
@@ -200,47 +199,6 @@ def _view(
     )
 
 
-#: PostgreSQL's way to queue a run (:func:`queue`): the checks a submit
-#: makes before it writes, and its writes, in one call. Answers the
-#: verdict (``taken``, ``stale``, ``free``, ``unsatisfiable``: nothing
-#: written; ``queued``) and when the run was created. ``created_at`` is
-#: strictly increasing, as :func:`submit` keeps it (one step of at least
-#: one unit in the last place, where Python takes exactly one).
-QUEUE_FUNCTION = f"""
-CREATE FUNCTION store_queue_run(
-    r_id TEXT, r_generation BIGINT, may_place BOOLEAN, placeable BOOLEAN,
-    r_warnings TEXT, r_steps JSON, r_record TEXT, at DOUBLE PRECISION,
-    OUT verdict TEXT, OUT queued_at DOUBLE PRECISION
-) LANGUAGE plpgsql
-AS $$
-DECLARE
-    last DOUBLE PRECISION;
-BEGIN
-    IF EXISTS (SELECT 1 FROM runs WHERE id = r_id) THEN
-        verdict := 'taken';
-    ELSIF {nodes.GENERATION} IS DISTINCT FROM r_generation THEN
-        verdict := 'stale';
-    ELSIF may_place AND {nodes.ANY_FREE} THEN
-        verdict := 'free';
-    ELSIF NOT placeable THEN
-        verdict := 'unsatisfiable';
-    ELSE
-        SELECT max(r.created_at) INTO last FROM runs r;
-        queued_at := CASE WHEN last IS NULL OR at > last THEN at
-                          ELSE last + greatest(abs(last) * 4.440892098500626e-16, 5e-324) END;
-        INSERT INTO runs (id, state, created_at, warnings)
-            VALUES (r_id, '{RunState.QUEUED}', queued_at, r_warnings);
-        INSERT INTO steps (run_id, seq, name, kind, needs)
-            SELECT r_id, s.seq, s.name, s.kind, s.needs
-              FROM json_to_recordset(r_steps) AS s (seq INTEGER, name TEXT, kind TEXT, needs TEXT);
-        INSERT INTO records (run_id, state, opened_at, steps)
-            VALUES (r_id, '{RunState.QUEUED}', at, r_record);
-        verdict := 'queued';
-    END IF;
-END $$
-"""
-
-
 def queue(
     db: Database,
     fleets: nodes.Fleets,
@@ -284,7 +242,7 @@ def queue(
 
 
 def queue_on_server(conn: Tx, new: NewRun, *, now: str) -> tuple[str, float]:
-    """Queue ``new`` by one call of :data:`QUEUE_FUNCTION`, the
+    """Queue ``new`` by one call of ``store_queue_run`` (schema step 9), the
     transaction's one statement, sent with its BEGIN and COMMIT (``now``:
     the SQL of the transaction's time). Returns the verdict and the time
     the run was created (if queued)."""

@@ -17,7 +17,7 @@ from .db import WORK, Database, Synchronous, Tx, check_not_newer, check_readable
 from .errors import Conflict, StoreError
 from .jobs import create_jobs
 from .outcomes import record
-from .schema import MIGRATIONS, VERSION
+from .schema import HISTORY, VERSION
 from .shapes import Lease, NewJobs, Stored, TargetOutcome
 from .wal import Folder
 
@@ -153,8 +153,8 @@ class SQLiteDatabase(Database):
         with self.transaction() as conn:
             (version,) = conn.execute("PRAGMA user_version").fetchone()
             check_not_newer(self.path, version)
-            for step in MIGRATIONS[version:]:
-                for statement in step:
+            for step in HISTORY[version:]:
+                for statement in step.sqlite:
                     conn.execute(statement)
             if version != VERSION:
                 # PRAGMA takes no bound parameter; VERSION is our own int.

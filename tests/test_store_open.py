@@ -8,7 +8,7 @@ import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ import pytest
 import store
 from store import wal
 from store.ledger import Ledger
-from store.schema import MIGRATIONS, VERSION
+from store.schema import HISTORY, VERSION
 from tests.helpers import eventually, raw
 from tests.jobs_helpers import (
     job_of,
@@ -138,50 +138,54 @@ def test_reopen_keeps_data(tmp_path: Path) -> None:
     assert sqlite_pragma(path, "user_version") == VERSION
 
 
-def _store_of_version(location: str, version: int) -> None:
-    """Write, at ``location``, an empty store of schema ``version``, as an
-    older library left it (through its steps, not this library's open)."""
+def _store_of_version(location: str, version: int, rows: Sequence[str] = ()) -> None:
+    """Write, at ``location``, a store of schema ``version`` as an older
+    library left it (through its steps, not this library's open), holding
+    what the statements ``rows`` insert."""
     if location.startswith("postgresql://"):
-        from store import postgres  # noqa: PLC0415 (the PostgreSQL half only)
-
-        assert version == postgres.SCHEMA_VERSION
         statements = [
-            *postgres.SCHEMA,
+            "DROP SCHEMA public CASCADE",
+            "CREATE SCHEMA public",
+            *(statement for step in HISTORY[:version] for statement in step.postgres),
             "CREATE TABLE store_schema (version INTEGER NOT NULL)",
             f"INSERT INTO store_schema (version) VALUES ({version:d})",
+            *rows,
         ]
-        for statement in ("DROP SCHEMA public CASCADE", "CREATE SCHEMA public", *statements):
+        for statement in statements:
             raw(location, statement)
         return
     with contextlib.closing(sqlite3.connect(location)) as conn:
-        for step in MIGRATIONS[:version]:
-            for statement in step:
+        conn.create_function("store_now", 0, lambda: 1.0)  # what the events' triggers read
+        for step in HISTORY[:version]:
+            for statement in step.sqlite:
                 conn.execute(statement)
+        for statement in rows:
+            conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {version:d}")
         conn.commit()
 
 
-def test_an_older_store_is_brought_forward_keeping_its_data(location: str) -> None:
-    """A store an older library wrote (schema version 4) is migrated on open,
-    on either engine: its jobs and nodes are kept, and what the new steps
-    add works on them."""
-    _store_of_version(location, 4)
-    raw(
-        location,
-        "INSERT INTO nodes (id, name, caps, last_seen) VALUES ('n1', 'box', '[\"linux\"]', 1)",
-    )
-    raw(
-        location,
-        "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at)"
-        " VALUES ('j1', 'alice', 'running', 1, 1, 1)",
-    )
-    raw(
-        location,
+@pytest.mark.parametrize("version", range(1, VERSION))
+def test_an_older_store_is_brought_forward_keeping_its_data(location: str, version: int) -> None:
+    """A store an older library wrote, at any version of the schema, is
+    migrated on open, on either engine: its jobs and nodes are kept, and
+    what the later steps add works on them."""
+    # As that version's library wrote them: from step 6 on, a job with its counts.
+    job = "INSERT INTO jobs (id, owner, status, created_at, updated_at, touched_at"
+    if version >= 6:
+        job += ", ntargets, ndone, nfailed) VALUES ('j1', 'alice', 'running', 1, 1, 1, 3, 1, 1)"
+    else:
+        job += ") VALUES ('j1', 'alice', 'running', 1, 1, 1)"
+    targets = (
         "INSERT INTO targets (job_id, pos, ref, status) VALUES"
-        " ('j1', 0, 'a', 'done'), ('j1', 1, 'b', 'failed'), ('j1', 2, 'c', 'pending')",
+        " ('j1', 0, 'a', 'done'), ('j1', 1, 'b', 'failed'), ('j1', 2, 'c', 'pending')"
     )
+    node = "INSERT INTO nodes (id, name, caps, last_seen) VALUES ('n1', 'box', '[\"linux\"]', 1)"
+    _store_of_version(location, version, [job, targets, *([node] if version >= 2 else [])])
     with store.open(location) as db:
-        assert [n.node_id for n in db.list_nodes()] == ["n1"]
+        assert [n.node_id for n in db.list_nodes()] == (["n1"] if version >= 2 else [])
+        if version < 2:
+            db.advertise(store.Advert("n1", "box", {"linux"}))
         assert job_of(db, "j1").status == "running"
         (summary,) = db.list_jobs()
         assert (summary.done, summary.failed, summary.pending) == (1, 1, 1)
