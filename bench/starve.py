@@ -35,8 +35,8 @@ import store
 from bench.engine import scratch
 from bench.measure import Figure, Options, Row, Scenario, Series, Unit, alternate
 from bench.suite import join, main
-from store.postgres import PostgresDatabase
-from store.sqlite import SQLiteDatabase
+from store.engines.postgres import PostgresDatabase
+from store.engines.sqlite import SQLiteDatabase
 
 __all__ = ["SCENARIO"]
 

@@ -19,7 +19,7 @@ from typing import Any
 import batch
 import store
 from bench.engine import copy_of, scratch
-from store.db import Synchronous
+from store.engines import Synchronous
 
 __all__ = [
     "BOUNDED",

@@ -10,7 +10,7 @@ with store.open("postgresql://app@db.internal/jobs") as db:  # pip install 'batc
 #: The version of batch-store (both packages).
 __version__ = "0.2.0"
 
-from .db import CANCELLED, RESYNC, WORK
+from .engines import CANCELLED, RESYNC, WORK
 from .errors import (
     Conflict,
     EventsPruned,

@@ -2,7 +2,7 @@
 
 Each change a watcher may want writes an event row in the transaction that
 makes it: triggers of the schema write them, whichever statement makes the
-change (``store.schema``; PostgreSQL's in ``store.postgres``). So an event
+change (``store.schema``; PostgreSQL's in ``store.engines.postgres``). So an event
 is there if and only if its change committed, and the events of one job or
 run come in the order of its changes.
 
@@ -40,7 +40,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from .db import EVENT, RESYNC, TOLD, Database, Tx
+from .engines import EVENT, RESYNC, TOLD, Database, Tx
 from .errors import EventsPruned, StoreError
 from .shapes import Event
 
@@ -286,7 +286,7 @@ class Feed:
 
     def _last(self, tx: Tx) -> tuple[int, tuple[int, int] | None]:
         (seq,) = tx.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()
-        return seq, self._db.horizon(tx, bound=True)
+        return seq, tx.horizon(bound=True)
 
     def _notice(self, notice: str) -> None:
         told = None
@@ -408,7 +408,7 @@ class Feed:
         # A bound costs a transaction id: asked for a number newly missing only.
         missing = _first_missing(seq, events)
         new = missing is not None and (gap is None or gap[0] != missing or not gap[1])
-        return events, self._db.horizon(tx, bound=new)
+        return events, tx.horizon(bound=new)
 
 
 class Watch(Iterator[Event]):

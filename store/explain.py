@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from . import match, nodes, waiting
-from .db import Tx
+from .engines import Tx
 from .errors import NotFound
 from .shapes import NodeView
 from .states import RunState

@@ -3,7 +3,7 @@ and runs the store holds (``Store.gauges``)."""
 
 from __future__ import annotations
 
-from .db import Tx
+from .engines import Tx
 from .shapes import Gauges
 from .states import JobStatus, RunState
 

@@ -8,14 +8,15 @@ missing one.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-from .db import Tx, in_list
+from .engines import WORK, Tx, in_list
 from .errors import NotFound
 from .fence import fenced, lease_args
-from .shapes import JobRow, JobSummary, Lease, NewJobs, TargetRow
+from .shapes import JobRow, JobSummary, Later, Lease, NewJobs, TargetRow
 from .states import (
     ENDED_SQL,
     JOB_STATUSES,
@@ -64,18 +65,68 @@ _MOVE_JOB = (
 )
 
 
-def create_jobs(conn: Tx, new: NewJobs, now: float) -> list[str]:
-    """Store the rows of ``new`` jobs and their targets, ``queued`` and
-    ``pending``, at ``now`` (a row of SQL each, SQLite's way: see
-    ``Database.create_jobs``). Jobs deferred by ``new.later`` wait for no
-    runner before ``later.not_before``, nor before the jobs of ``owner`` it
-    names in ``later.after`` all ended (``NotFound`` for one there is not,
-    and nothing is stored).
+def create_jobs(tx: Tx, new: NewJobs) -> list[str]:
+    """Store ``new`` jobs and their targets, ``queued`` and ``pending``,
+    and tell the runners if any waits for room. Jobs deferred by
+    ``new.later`` wait for no runner before ``later.not_before``, nor
+    before the jobs of ``owner`` it names in ``later.after`` all ended
+    (``NotFound`` for one there is not, and nothing is stored).
 
     Returns the id each job has in the store: its own, or, if the owner
-    has a job with its key already (stored before, or earlier in ``new``),
-    that job's, and then nothing of it is stored. The unique index
-    decides."""
+    has a job with its key already (stored before, by any process, or
+    earlier in ``new``), that job's, and then nothing of it is stored. The
+    unique index decides.
+
+    Where the schema's functions run (PostgreSQL), one call of
+    ``store_create_jobs``, sent with the transaction's BEGIN and COMMIT:
+    one round trip. Else a row of SQL each (``executemany``: a loop in C)."""
+    if tx.functions:
+        return _create_on_server(tx, new)
+    ids = _create_here(tx, new, tx.now)
+    if new.wait_for_room:
+        tx.notify(WORK)
+    return ids
+
+
+def _create_on_server(tx: Tx, new: NewJobs) -> list[str]:
+    """:func:`create_jobs` by one call of ``store_create_jobs`` (schema step
+    19), the transaction's one statement. The jobs go as one JSON text."""
+    later = new.later or Later()
+    jobs = json.dumps(
+        [
+            {
+                "id": job_id,
+                "refs": list(refs),
+                "name": new.names and new.names[k],
+                "trace": new.traces and new.traces[k],
+                "key": new.keys and new.keys[k],
+            }
+            for k, (job_id, refs) in enumerate(new.jobs)
+        ]
+    )
+    ids, missing = tx.finish(
+        "SELECT ids, missing FROM store_create_jobs(?::text, ?::json, ?::text, ?::float8,"
+        " ?::int, ?::boolean, ?::float8, ?::text[], ?::boolean, ?::boolean, store_now())",
+        (
+            new.owner,
+            jobs,
+            new.runner_id,
+            new.lease_for,
+            new.held,
+            new.later is not None,
+            later.not_before if new.later is not None else None,
+            list(later.after),
+            later.after_ok,
+            new.wait_for_room,
+        ),
+    ).fetchone()
+    if missing is not None:
+        raise NotFound(f"no job {missing!r} to wait after")
+    return list(ids)
+
+
+def _create_here(conn: Tx, new: NewJobs, now: float) -> list[str]:
+    """:func:`create_jobs` a row of SQL at a time, at ``now``: SQLite's way."""
     later, keys = new.later, new.keys
     held = new.held
     waits = 0 if later is None else _waits(conn, new.owner, later.after)

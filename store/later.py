@@ -14,7 +14,7 @@ take an open transaction (``Tx``) and run inside it.
 
 from __future__ import annotations
 
-from .db import Tx, in_list
+from .engines import Tx, in_list
 from .states import LIVE_SQL, JobStatus
 
 __all__ = ["RELEASE_PER_BEAT", "after_of", "next_due", "release"]

@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from . import jobs, later, outcomes, runners, upstreams
-from .db import WORK, Database, Tx, in_list
+from . import jobs, later, runners, upstreams
+from .engines import WORK, Database, Tx, in_list
+from .outcomes import record
 from .shapes import (
     Beat,
     JobRow,
@@ -109,7 +110,7 @@ class Ledger:
         or earlier in ``new``), and then nothing of it is stored."""
 
         new_jobs = NewJobs(owner, new, runner_id, lease_for, leased, names, traces, keys, later)
-        return self._db.write(lambda tx: self._db.create_jobs(tx, new_jobs), fenced=True)
+        return self._db.write(lambda tx: jobs.create_jobs(tx, new_jobs), fenced=True)
 
     def set_job_status(self, job_id: str, status: JobStatus, lease: Lease | None = None) -> bool:
         """Move a live job to ``status``; False if it is gone, already terminal
@@ -140,7 +141,7 @@ class Ledger:
         outcome = TargetOutcome(job_id, pos, status, result, error, hint, job_status)
 
         def store_one(tx: Tx) -> list[str]:
-            stored = outcomes.record(tx, [outcome], (), max_bytes)
+            stored = record(tx, [outcome], (), max_bytes, final=False)
             if stored.refused:
                 raise stored.refused[0]  # rolls the transaction back
             return stored.evicted
@@ -161,9 +162,7 @@ class Ledger:
         another's, its target stored already) does not stop the others.
         First, the ``starting`` jobs (id and lease) still ``queued`` become
         ``running``."""
-        return self._db.write(
-            lambda tx: self._db.record_outcomes(tx, outcomes, starting, max_bytes), fenced=True
-        )
+        return self._db.write(lambda tx: record(tx, outcomes, starting, max_bytes), fenced=True)
 
     def job_leases(self, job_ids: Sequence[str]) -> dict[str, tuple[JobRow, str | None, int]]:
         """Each of these jobs that is stored, by id: the job with its
@@ -247,7 +246,7 @@ class Ledger:
         def retire(tx: Tx) -> None:
             runners.retire(tx, runner_id)
             upstreams.forget(tx, runner_id)
-            self._db.notify(tx, WORK)
+            tx.notify(WORK)
 
         self._db.write(retire, fenced=True)
 

@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .db import Tx
+from .engines import Tx
 from .errors import NotFound
 from .match import labels, place
 from .shapes import Advert, NodeView

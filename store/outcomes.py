@@ -29,14 +29,14 @@ import json
 from collections.abc import Sequence
 from typing import Literal
 
-from .db import Tx, in_list, values
+from .engines import LOCKS, Tx, in_list, values
 from .errors import Conflict, NotFound
 from .fence import holds, lease_args
 from .jobs import add_bytes, byte_slot, evict_past, total_bytes
 from .shapes import Lease, Stored, TargetOutcome
 from .states import LIVE_JOB, JobStatus, TargetState
 
-__all__ = ["record", "record_on_server"]
+__all__ = ["record"]
 
 #: What became of one outcome: stored, or refused because its job is
 #: ``gone``, held under another ``lease``, or its target ``stored`` already.
@@ -49,6 +49,24 @@ _Seen = tuple[str | None, str | None, int | None, str | None]
 
 
 def record(
+    tx: Tx,
+    outcomes: Sequence[TargetOutcome],
+    starting: Sequence[tuple[str, Lease | None]],
+    max_bytes: int | None,
+    *,
+    final: bool = True,
+) -> Stored:
+    """Store a batch (see the module's docstring), as the transaction's
+    last statements: by the schema's function where it runs, else the
+    portable way. Not ``final``: the caller may yet roll the transaction
+    back (where the engine would send its COMMIT with the function's call,
+    it does not)."""
+    if tx.functions:
+        return _record_on_server(tx, outcomes, starting, max_bytes, final=final)
+    return _record_here(tx, outcomes, starting, max_bytes)
+
+
+def _record_here(
     conn: Tx,
     outcomes: Sequence[TargetOutcome],
     starting: Sequence[tuple[str, Lease | None]],
@@ -211,19 +229,16 @@ def _stored(
 # -- PostgreSQL: the batch in one call ---------------------------------------------------
 
 
-def record_on_server(
+def _record_on_server(
     conn: Tx,
     outcomes: Sequence[TargetOutcome],
     starting: Sequence[tuple[str, Lease | None]],
     max_bytes: int | None,
     *,
-    evict_lock: int,
-    now: str,
+    final: bool,
 ) -> Stored:
     """Store a batch by one call of ``store_record`` (schema step 9), the
     transaction's last statement (``Tx.finish``: its COMMIT goes with it).
-    ``evict_lock`` is the key of the lock eviction tries; ``now`` the SQL
-    of the transaction's time.
 
     The batch goes as two JSON texts, not as arrays: encoded in C, and
     bound as two quoted strings (binding ten arrays element by element
@@ -245,9 +260,9 @@ def record_on_server(
         ]
     )
     jobs = json.dumps([{"job": job_id, **_lease(lease)} for job_id, lease in starting])
-    row = conn.finish(
-        f"SELECT verdicts, seen, evicted FROM store_record(?::json, ?::json, ?, ?, ?, {now})",
-        (batch, jobs, max_bytes, evict_lock, byte_slot()),
+    row = (conn.finish if final else conn.execute)(
+        "SELECT verdicts, seen, evicted FROM store_record(?::json, ?::json, ?, ?, ?, store_now())",
+        (batch, jobs, max_bytes, LOCKS["evict"], byte_slot()),
     ).fetchone()
     verdicts, statuses, evicted = row
     return _stored(

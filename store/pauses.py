@@ -20,7 +20,7 @@ import functools
 import urllib.parse
 from collections.abc import Iterable
 
-from .db import Tx
+from .engines import Tx
 from .errors import UnknownUpstream
 from .shapes import Paused
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from . import match, node_leases, nodes, record, waiting
-from .db import Tx
+from .engines import Tx
 from .shapes import Advert, Assignment
 from .states import RunState
 

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .db import Tx
+from .engines import Tx
 from .errors import NotFound
 from .shapes import Assigned, Assignment
 from .states import RunState, StepState

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import events, jobs, later, pauses, upstreams
-from .db import Tx, in_list
+from .engines import Tx, in_list
 from .jobs import NO_LIMIT
 from .shapes import Beat, JobRow, Look, Whereabouts
 from .states import LIVE_JOB, LIVE_SQL

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from . import match, node_leases, nodes, record, waiting
-from .db import Database, Tx
+from .engines import Database, Tx
 from .errors import Conflict, InvalidRun, NotFound, Unsatisfiable
 from .shapes import Assigned, Claim, NewRun, RunView, Step, StepView
 from .states import RunState, StepState, sql_list
@@ -31,7 +31,6 @@ __all__ = [
     "list_ids",
     "new_id",
     "queue",
-    "queue_on_server",
     "reap",
     "report",
     "submit",
@@ -209,12 +208,12 @@ def queue(
     lease_ttl: float,
     max_leases: int,
 ) -> RunView | None:
-    """Queue a new run in one round trip, where the engine can
-    (``Database.queue_run``) and the run is to wait: no node free now, the
+    """Queue a new run in one round trip, where the schema's functions run
+    (``Database.functions``) and the run is to wait: no node free now, the
     fleet as last read. None: the caller submits it the usual way
     (:func:`submit`), which decides as this would. Raises as it does."""
     fleet = fleets.last
-    if fleet is None or not db.queues_runs:
+    if fleet is None or not db.functions:
         return None
     needs = [(s.seq, s.needs) for s in checked]
     new = NewRun(
@@ -231,7 +230,7 @@ def queue(
         json.dumps(warnings),
         record.opening([(s.seq, s.name) for s in checked], []),
     )
-    verdict, created_at = db.write(lambda tx: db.queue_run(tx, new))
+    verdict, created_at = db.write(lambda tx: _queue_on_server(tx, new))
     if verdict == "taken":
         raise Conflict(f"run {run_id!r} exists already")
     if verdict == "unsatisfiable":
@@ -241,14 +240,13 @@ def queue(
     return _view(run_id, RunState.QUEUED, checked, warnings, created_at=created_at)
 
 
-def queue_on_server(conn: Tx, new: NewRun, *, now: str) -> tuple[str, float]:
+def _queue_on_server(conn: Tx, new: NewRun) -> tuple[str, float]:
     """Queue ``new`` by one call of ``store_queue_run`` (schema step 9), the
-    transaction's one statement, sent with its BEGIN and COMMIT (``now``:
-    the SQL of the transaction's time). Returns the verdict and the time
-    the run was created (if queued)."""
+    transaction's one statement, sent with its BEGIN and COMMIT. Returns
+    the verdict and the time the run was created (if queued)."""
     verdict, created_at = conn.finish(
         "SELECT verdict, queued_at FROM store_queue_run(?, ?, ?::boolean, ?::boolean, ?,"
-        f" ?::json, ?, {now})",
+        " ?::json, ?, store_now())",
         (
             new.run_id,
             new.generation,

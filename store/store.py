@@ -26,7 +26,8 @@ from . import (
     upstreams,
     waiting,
 )
-from .db import CANCELLED, Database, Synchronous, Tracer, Tx
+from .engines import CANCELLED, Database, Synchronous, Tracer, Tx
+from .engines.sqlite import SQLiteDatabase
 from .errors import StoreError
 from .explain import explain as explain_run
 from .ledger import Ledger
@@ -44,7 +45,6 @@ from .shapes import (
     UpstreamView,
     Whereabouts,
 )
-from .sqlite import SQLiteDatabase
 from .states import TERMINAL_JOB, JobStatus, RunState
 
 __all__ = ["Store", "open"]
@@ -166,7 +166,7 @@ class Store:
         def cancel(tx: Tx) -> bool:
             cancelled = jobs.cancel_job(tx, job_id, owner, tx.now)
             if cancelled:
-                self._db.notify(tx, CANCELLED + job_id)
+                tx.notify(CANCELLED + job_id)
             return cancelled
 
         return self._db.write(cancel, fenced=True)
@@ -541,8 +541,7 @@ def open(
         isinstance(path, str) and path.startswith(("postgresql://", "postgres://"))
     ):
         raise ValueError("listen is for a PostgreSQL store: an SQLite store has no notices")
-    engine = _connect(path, synchronous=synchronous, readonly=readonly, listen=listen)
-    engine.time = clock
+    engine = _connect(path, synchronous=synchronous, readonly=readonly, listen=listen, clock=clock)
     db = Store(
         engine,
         lease_ttl=lease_ttl,
@@ -593,13 +592,18 @@ def _paused_names(caller: str | None, upstream: str | None) -> list[tuple[str, s
 
 
 def _connect(
-    location: str | Path, *, synchronous: Synchronous, readonly: bool, listen: str | None
+    location: str | Path,
+    *,
+    synchronous: Synchronous,
+    readonly: bool,
+    listen: str | None,
+    clock: Callable[[], float] | None,
 ) -> Database:
     """The engine for ``location``: PostgreSQL for a URL, else SQLite."""
     if synchronous not in ("NORMAL", "FULL"):
         raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
     if isinstance(location, str) and location.startswith(("postgresql://", "postgres://")):
-        from .postgres import PostgresDatabase  # noqa: PLC0415 (psycopg is an optional extra)
+        from .engines.postgres import PostgresDatabase  # noqa: PLC0415 (psycopg is an optional extra)
 
-        return PostgresDatabase(location, readonly=readonly, listen=listen)
-    return SQLiteDatabase(location, synchronous=synchronous, readonly=readonly)
+        return PostgresDatabase(location, readonly=readonly, listen=listen, clock=clock)
+    return SQLiteDatabase(location, synchronous=synchronous, readonly=readonly, clock=clock)

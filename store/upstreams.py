@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .db import Tx, in_list
+from .engines import Tx, in_list
 from .shapes import UpstreamShare, UpstreamView, UpstreamWant
 
 __all__ = ["forget", "sync", "view"]

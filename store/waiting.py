@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from .db import Tx
+from .engines import Tx
 from .nodes import Fleet
 from .states import RunState
 

@@ -39,10 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = textwrap.dedent(
     r"""
     import dataclasses, json, logging, os, sys, threading, time
-    import batch, store, store.sqlite
+    import batch, store, store.engines.sqlite
 
     cfg = json.loads(sys.argv[1])
-    store.sqlite.BUSY_TIMEOUT = cfg["busy_timeout"]  # read at connect time
+    store.engines.sqlite.BUSY_TIMEOUT = cfg["busy_timeout"]  # read at connect time
     logging.basicConfig(
         stream=sys.stderr, level=logging.WARNING, format="%(created).6f %(levelname)s %(message)s"
     )

@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 
 import store
-import store.postgres
+import store.engines.postgres
 from tests import pgserver
 from tests.helpers import ChildProcess, eventually
 
@@ -91,7 +91,7 @@ def rows(url: str, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, .
 def holds_write_lock(url: str) -> bool | None:
     """Whether some session holds the advisory lock today's writers take
     (None if this version of the store has no such lock)."""
-    key = getattr(store.postgres, "LOCK_KEY", None)
+    key = getattr(store.engines.postgres, "LOCK_KEY", None)
     if key is None:
         return None
     with psycopg.connect(url, autocommit=True, application_name="chaos-test") as conn:

@@ -179,7 +179,7 @@ def test_another_process_sees_what_one_writes(location: str) -> None:
     by another process is seen as one made here is."""
     with store.open(location) as db, db.watch(timeout=10.0) as watch:
         code = (
-            "import store, sys\n"
+            "import store, sys\nfrom store.ledger import Ledger\n"
             "with store.open(sys.argv[1]) as db:\n"
             "    Ledger.of(db).create_job('far', 'alice', ['a'])\n"
             "    db.cancel_job('far', 'alice')\n"

@@ -3,7 +3,7 @@ of runner: no runner thread dies of what the store or its driver raises,
 no job is lost by guesswork, and the runner's lock never waits on the store.
 
 The faults are made by a wrapper around the store's engine (``Store._db``,
-a ``store.db.Database``): a store call picked to fail hands its function a
+a ``store.engines.Database``): a store call picked to fail hands its function a
 transaction whose ``execute``/``executemany`` raises the fault at a chosen
 statement (the engine rolls back, and maps a driver's error to
 ``StoreError`` or tries again), or, when the function runs fewer
@@ -37,7 +37,7 @@ import batch.commit
 import batch.keeper
 import batch.trouble
 import store
-from store.db import Cursor, Database, Tx
+from store.engines import Cursor, Database, Tx
 from store.ledger import Ledger
 from tests.helpers import TIMEOUT, MakeRunner, Recorder, Script
 
@@ -213,6 +213,7 @@ class FaultyDatabase(Database):
     def __init__(self, inner: Database, faults: Faults) -> None:
         self.inner, self.faults = inner, faults
         self.path, self.readonly = inner.path, inner.readonly
+        self.one_writer, self.functions = inner.one_writer, inner.functions  # type: ignore[misc]
 
     def _run(self, run: Callable[..., T], fn: Callable[[Tx], T], **kwargs: Any) -> T:
         site = getattr(_site, "name", None)
@@ -240,17 +241,8 @@ class FaultyDatabase(Database):
     def read(self, fn: Callable[[Tx], T]) -> T:
         return self._run(self.inner.read, fn)
 
-    def record_outcomes(self, tx: Tx, *args: Any) -> store.Stored:
-        return self.inner.record_outcomes(tx, *args)
-
-    def create_jobs(self, tx: Tx, *args: Any) -> list[str]:
-        return self.inner.create_jobs(tx, *args)
-
     def close(self) -> None:
         self.inner.close()
-
-    def notify(self, tx: Tx, notice: str) -> None:
-        self.inner.notify(tx, notice)
 
     def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
         return self.inner.subscribe(callback)

@@ -11,8 +11,8 @@ import pytest
 
 import store
 from store import Conflict, Lease, TargetOutcome
+from store.engines import LOCKS
 from store.ledger import Ledger
-from store.postgres import TRY_LOCKS
 from tests.helpers import Clock, raw
 from tests.leases_model import LAPSE
 
@@ -71,7 +71,7 @@ def test_a_beat_that_finds_the_clock_kept_takes_nothing_by_lapse(
     with psycopg.connect(location) as other:
         # Held by an open transaction: a transaction pooler keeps its server
         # session for it alone until it ends.
-        other.execute("SELECT pg_advisory_xact_lock(%s)", (TRY_LOCKS["clock"],))
+        other.execute("SELECT pg_advisory_xact_lock(%s)", (LOCKS["clock"],))
         # Both jobs look orphaned to it: "a" lapsed and is silent.
         assert Ledger.of(db).beat_runner("b", LAPSE).taken == []
         other.rollback()

@@ -19,7 +19,7 @@ import pytest
 import batch
 import batch.keeper
 import store
-import store.postgres
+import store.engines.postgres
 from store.ledger import Ledger
 from tests import pgserver
 from tests.helpers import TIMEOUT, HeldOnServer, Raw, Script, eventually, fresh, raw, within
@@ -50,6 +50,7 @@ def url(server: pgserver.Server, tmp_path: Path) -> Iterator[str]:
 OPENER = textwrap.dedent(
     """
     import sys, store
+    from store.ledger import Ledger
     with store.open(sys.argv[1]) as db:
         Ledger.of(db).create_job(sys.argv[2], "alice", ["x"])
     """
@@ -138,7 +139,7 @@ def test_a_database_that_cannot_be_reached_is_named(server: pgserver.Server) -> 
 
 
 def test_the_password_is_never_shown() -> None:
-    from store.postgres import _without_password  # noqa: PLC0415
+    from store.engines.postgres import _without_password  # noqa: PLC0415
 
     shown = _without_password("postgresql://app:s3cret@db.internal:5433/jobs?sslmode=require")
     assert shown == "postgresql://app:***@db.internal:5433/jobs?sslmode=require"

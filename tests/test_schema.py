@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
-from store import db
+from store import engines
+from store.engines import postgres
 from store.schema import HISTORY, VERSION
-
-pytest.importorskip("psycopg")
-from store import postgres
 
 
 def test_every_step_holds_statements_for_both_engines() -> None:
@@ -33,8 +29,8 @@ def test_the_server_functions_speak_the_engines_notices() -> None:
     text = _postgres_text()
     channels = set(re.findall(r"pg_notify\('(\w+)'", text))
     assert channels == {postgres.CHANNEL}
-    assert f"'{db.WORK}'" in text
-    assert f"'{db.TOLD}'" in text and f"'{db.EVENT}'" in text
+    assert f"'{engines.WORK}'" in text
+    assert f"'{engines.TOLD}'" in text and f"'{engines.EVENT}'" in text
     assert f"<= {postgres.TOLD_BYTES}" in text
     assert f"pg_advisory_xact_lock({postgres.KEYS_LOCK}, h)" in text
 

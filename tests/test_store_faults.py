@@ -13,7 +13,7 @@ import pytest
 
 import batch
 import store
-import store.sqlite
+import store.engines.sqlite
 from store.ledger import Ledger
 from tests.helpers import TIMEOUT, Script, frozen, trace
 
@@ -62,7 +62,7 @@ def locked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A store file another connection holds an exclusive lock on."""
     path = tmp_path / "locked.sqlite3"
     store.open(path).close()
-    monkeypatch.setattr(store.sqlite, "BUSY_TIMEOUT", 0.05)
+    monkeypatch.setattr(store.engines.sqlite, "BUSY_TIMEOUT", 0.05)
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("PRAGMA locking_mode = EXCLUSIVE")
     holder.execute("BEGIN EXCLUSIVE")

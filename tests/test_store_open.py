@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import store
-from store import wal
+from store.engines import wal
 from store.ledger import Ledger
 from store.schema import HISTORY, VERSION
 from tests.helpers import eventually, raw

@@ -422,7 +422,7 @@ _EVENTS_PG = (
     CREATE TRIGGER run_moved AFTER UPDATE OF state ON runs FOR EACH ROW
     WHEN (NEW.state IS DISTINCT FROM OLD.state) EXECUTE FUNCTION store_run_moved()
     """,
-    # The notice carries the events (``store.db.TOLD``), so that a watcher
+    # The notice carries the events (``store.engines.TOLD``), so that a watcher
     # need not read them; when they do not fit, it only says there are some.
     """
     CREATE FUNCTION store_events_notice() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -16,7 +16,7 @@ _JOB_COUNTS_BY_STATUS = (
     # submitted, move and are evicted, so that a scrape of the store's
     # gauges reads a few rows, not a count over every job. In slots, as the
     # byte total is: SQLite uses one; PostgreSQL's writers each their own
-    # (``store.postgres``), so that none waits on another's row. A slot may
+    # (``store.engines.postgres``), so that none waits on another's row. A slot may
     # go below zero; the sum of a status never does.
     """
     CREATE TABLE job_counts (

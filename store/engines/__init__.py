@@ -1,39 +1,47 @@
-"""What every engine gives the store: transactions run as functions, on a
-connection whose statements are written once for both dialects.
+"""The engines under the store, and what every one of them gives it:
+transactions run as functions (:class:`Database`), on a connection whose
+statements are written once for both dialects (:class:`Tx`).
 
-The SQL of the store's modules is the dialect SQLite and PostgreSQL share:
-``?`` placeholders (``?1``, ``?2``: numbered, each usable several times),
-``RETURNING``, ``count(*) FILTER (...)``, partial indexes, ``ON CONFLICT``.
-What differs (DDL and migration, placeholders as the driver wants them,
-locks, the clock, error mapping) lives in one module per engine:
-``store.sqlite`` and ``store.postgres``.
+The SQL of the store's operations is the dialect SQLite and PostgreSQL
+share: ``?`` placeholders (``?1``, ``?2``: numbered, each usable several
+times), ``RETURNING``, ``count(*) FILTER (...)``, partial indexes, ``ON
+CONFLICT``, and ``store_now()`` for the transaction's time. What differs
+(connections, migration through ``store.schema``, placeholders as the
+driver wants them, locks, the clock, notices, error mapping) lives in one
+module per engine: ``store.engines.sqlite`` and ``store.engines.postgres``.
+Where PostgreSQL runs an operation as a server function of the schema
+(``Tx.functions``), the operation calls it through the transaction; the
+Python path beside it is SQLite's.
+
+An engine imports nothing of the store above this module but its errors,
+shapes of no behaviour, and the schema it migrates.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
-from .errors import StoreError
-from .schema import VERSION
-
-if TYPE_CHECKING:
-    from .shapes import Lease, NewJobs, NewRun, Stored, TargetOutcome
+from ..errors import StoreError
+from ..schema import VERSION
 
 __all__ = [
     "CANCELLED",
     "EVENT",
+    "LOCKS",
     "RESYNC",
     "TOLD",
     "WORK",
     "Cursor",
     "Database",
     "Synchronous",
+    "Tracer",
     "Tx",
     "check_not_newer",
     "check_readable",
     "in_list",
+    "traced",
     "values",
 ]
 
@@ -106,9 +114,35 @@ class Tx(Protocol):
 
     def try_lock(self, name: str) -> bool:
         """Take the lock of the work called ``name`` (``"evict"``,
-        ``"clock"``) for this transaction if no other holds it, without
-        waiting: the work one writer does for all, which the others skip.
-        Always True where the engine has one writer at a time."""
+        ``"clock"``: see :data:`LOCKS`) for this transaction if no other
+        holds it, without waiting: the work one writer does for all, which
+        the others skip. Always True where the engine has one writer at a
+        time."""
+        ...
+
+    def notify(self, notice: str) -> None:
+        """Send ``notice`` to the subscribers of every process, once this
+        transaction commits (never if it rolls back). An engine that
+        cannot sends nothing: its subscribers learn by polling."""
+        ...
+
+    def horizon(self, *, bound: bool) -> tuple[int, int] | None:
+        """Where writers side by side number events before they commit
+        (PostgreSQL), what tells a number missing for good from one a
+        transaction in flight may still commit (``store.events``): an id
+        below which every transaction has ended, as of this transaction's
+        snapshot; and, given ``bound``, an id above that of every
+        transaction that had one when the snapshot was taken (it takes an
+        id for this one: asked only when a number is missing), else 0. None
+        where one writer at a time numbers events as it commits (SQLite)."""
+        ...
+
+    @property
+    def functions(self) -> bool:
+        """Whether the schema's server functions run here (PostgreSQL's
+        ``store_create_jobs``, ``store_record``, ``store_queue_run``): an
+        operation that has one calls it, in one statement, rather than
+        taking its Python path."""
         ...
 
 
@@ -152,6 +186,16 @@ class _Traced:
     def try_lock(self, name: str) -> bool:
         return self._tx.try_lock(name)
 
+    def notify(self, notice: str) -> None:
+        self._tx.notify(notice)
+
+    def horizon(self, *, bound: bool) -> tuple[int, int] | None:
+        return self._tx.horizon(bound=bound)
+
+    @property
+    def functions(self) -> bool:
+        return self._tx.functions
+
 
 class Database(abc.ABC):
     """An opened store location. Safe to share between threads.
@@ -162,6 +206,11 @@ class Database(abc.ABC):
     violation as ``Conflict``). The function may be run more than once,
     when the engine meets contention it can only resolve by trying again,
     so it changes nothing but the database.
+
+    Each engine takes, besides its location, ``readonly`` and ``clock``:
+    the store's clock given to ``store.open`` (seconds since the epoch),
+    read for each transaction's time; None for the engine's own (the
+    host's, or the server's).
     """
 
     #: Where the store is: the file path, or the URL without its password.
@@ -169,14 +218,21 @@ class Database(abc.ABC):
     readonly: bool
     #: Told of every statement the store runs, if set (``Store.tracer``).
     tracer: Tracer | None = None
-    #: The store's clock when one was given to ``store.open`` (seconds since
-    #: the epoch); None: the engine's own (the host's, or the server's).
-    time: Callable[[], float] | None = None
+    #: Whether one transaction writes at a time, whatever it writes (SQLite's
+    #: lock of the file): work done in many transactions (a prune) leaves
+    #: the others room between them.
+    one_writer = False
+    #: Whether every transaction's :attr:`Tx.functions` holds: an operation
+    #: may choose, before it writes, the one round trip of a server function.
+    functions = False
 
-    def traced(self, tx: Tx) -> Tx:
-        """``tx``, telling :attr:`tracer` of each statement if one is set:
-        what each engine hands the function a transaction runs."""
-        return tx if self.tracer is None else _Traced(tx, self.tracer)
+    @property
+    def notifies(self) -> bool:
+        """Whether :meth:`Tx.notify` reaches the subscribers of every process
+        (and a lost notice is followed by ``"resync"``): watchers then look
+        at the store when told, rather than by a short poll. (It may turn
+        False while the store is open: never back.)"""
+        return False
 
     @abc.abstractmethod
     def write(self, fn: Callable[[Tx], T], *, fenced: bool = False) -> T:
@@ -189,73 +245,8 @@ class Database(abc.ABC):
         time (SQLite), every write is serial."""
 
     @abc.abstractmethod
-    def create_jobs(self, tx: Tx, new: NewJobs) -> list[str]:
-        """Store ``new`` jobs and their targets in ``tx`` (``jobs.create_jobs``
-        says what is stored), and tell the runners if any waits for room;
-        each engine its fastest way. Returns each job's id in the store
-        (another's, where its idempotency key was taken); ``NotFound`` for
-        a job to wait after that the owner has not, and nothing stored."""
-
-    @abc.abstractmethod
-    def record_outcomes(
-        self,
-        tx: Tx,
-        outcomes: Sequence[TargetOutcome],
-        starting: Sequence[tuple[str, Lease | None]],
-        max_bytes: int | None,
-    ) -> Stored:
-        """Store a batch of target outcomes in ``tx`` (a fenced write), as
-        its last statements: each engine its fastest way, one meaning for
-        both (``store.outcomes``)."""
-
-    #: Whether one transaction writes at a time, whatever it writes (SQLite's
-    #: lock of the file): work done in many transactions (a prune) leaves
-    #: the others room between them.
-    one_writer = False
-
-    @property
-    def notifies(self) -> bool:
-        """Whether :meth:`notify` reaches the subscribers of every process
-        (and a lost notice is followed by ``"resync"``): watchers then look
-        at the store when told, rather than by a short poll. (It may turn
-        False while the store is open: never back.)"""
-        return False
-
-    #: Whether :meth:`queue_run` queues a run in one round trip: an engine
-    #: whose round trips cost (SQLite has none to save: a submit is one
-    #: transaction of a few statements in the process).
-    queues_runs = False
-
-    def queue_run(self, tx: Tx, new: NewRun) -> tuple[str, float]:
-        """Queue the run ``new`` in ``tx`` (a serial write), as its only
-        statement, if it is to wait (``store.runs.queue``); its verdict and
-        when it was created. Only where :attr:`queues_runs`."""
-        raise NotImplementedError
-
-    @abc.abstractmethod
     def read(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in a transaction that only reads; it waits for no writer."""
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Close every connection; later transactions raise ``StoreError``. Idempotent."""
-
-    @abc.abstractmethod
-    def notify(self, tx: Tx, notice: str) -> None:
-        """Send ``notice`` to the subscribers of every process, once ``tx``
-        commits (never if it rolls back). An engine that cannot sends
-        nothing: its subscribers learn by polling."""
-
-    def horizon(self, tx: Tx, *, bound: bool) -> tuple[int, int] | None:
-        """Where writers side by side number events before they commit
-        (PostgreSQL), what tells a number missing for good from one a
-        transaction in flight may still commit (``store.events``): an id
-        below which every transaction has ended, as of ``tx``'s snapshot;
-        and, given ``bound``, an id above that of every transaction that
-        had one when the snapshot was taken (it takes an id for ``tx``:
-        asked only when a number is missing), else 0. None where one writer
-        at a time numbers events as it commits (SQLite)."""
-        return None
 
     @abc.abstractmethod
     def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
@@ -264,6 +255,22 @@ class Database(abc.ABC):
         the subscription. Best effort: a notice can be lost (a connection
         drops), so a subscriber also polls. After a gap, subscribers get
         the notice ``"resync"``."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close every connection; later transactions raise ``StoreError``. Idempotent."""
+
+
+def traced(tx: Tx, tracer: Tracer | None) -> Tx:
+    """``tx``, telling ``tracer`` (if set) of each statement: what each
+    engine hands the function a transaction runs."""
+    return tx if tracer is None else _Traced(tx, tracer)
+
+
+#: The locks of :meth:`Tx.try_lock`, by name, and the number each has where
+#: the engine numbers its locks (PostgreSQL's advisory locks; a server
+#: function that tries one itself is given it).
+LOCKS = {"evict": 0x6273746F7265 + 1, "clock": 0x6273746F7265 + 2}
 
 
 def in_list(column: str, values: Sequence[object]) -> tuple[str, tuple[object, ...]]:

@@ -64,12 +64,19 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from .db import EVENT, RESYNC, Cursor, Database, Tx, check_not_newer, check_readable
-from .errors import Conflict, NotFound, StoreError
-from .outcomes import record_on_server
-from .runs import queue_on_server
-from .schema import HISTORY, VERSION
-from .shapes import Later, Lease, NewJobs, NewRun, Stored, TargetOutcome
+from ..errors import Conflict, StoreError
+from ..schema import HISTORY, VERSION
+from . import (
+    EVENT,
+    LOCKS,
+    RESYNC,
+    Cursor,
+    Database,
+    Tx,
+    check_not_newer,
+    check_readable,
+    traced,
+)
 
 try:
     import psycopg
@@ -90,9 +97,6 @@ log = logging.getLogger("store")
 
 #: The advisory lock every serial write takes ("bstore" in ASCII).
 LOCK_KEY = 0x6273746F7265
-#: The advisory locks a write tries, by name (``Tx.try_lock``): one
-#: session at a time does that work; the others skip it.
-TRY_LOCKS = {"evict": LOCK_KEY + 1, "clock": LOCK_KEY + 2}
 #: The first of the two keys of the advisory locks of idempotency keys
 #: (``store_create_jobs``); the second is the key's hash. Two writers
 #: inserting jobs of the same keys, each in the order its jobs came in,
@@ -402,12 +406,25 @@ class _Tx:
         return ""
 
     def try_lock(self, name: str) -> bool:
-        """Take the lock of ``name`` (``TRY_LOCKS``) for this transaction, if
+        """Take the lock of ``name`` (``LOCKS``) for this transaction, if
         no other session holds it; never waits."""
-        (taken,) = self.execute(
-            "SELECT pg_try_advisory_xact_lock(?)", (TRY_LOCKS[name],)
-        ).fetchone()
+        (taken,) = self.execute("SELECT pg_try_advisory_xact_lock(?)", (LOCKS[name],)).fetchone()
         return bool(taken)
+
+    def notify(self, notice: str) -> None:
+        self.execute("SELECT pg_notify(?, ?)", (CHANNEL, notice))
+
+    def horizon(self, *, bound: bool) -> tuple[int, int]:
+        # A snapshot's xmax is no such bound: a transaction may have an id
+        # above it and be in flight (xmax is one past the last that ended).
+        # An id taken now is above every id given before.
+        ended = "pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+        given = "pg_current_xact_id()::text::bigint" if bound else "0"
+        first, second = self.execute(f"SELECT {ended}, {given}").fetchone()
+        return first, second
+
+    #: The schema's server functions run here (``Tx.functions``).
+    functions = True
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         if not self.begun:
@@ -645,10 +662,18 @@ class _Listener:
 class PostgresDatabase(Database):
     """A store in one PostgreSQL database (the URL's), in the current schema."""
 
-    def __init__(self, url: str, *, readonly: bool = False, listen: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        readonly: bool = False,
+        listen: str | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self.url = url
         self.path = _without_password(url)
         self.readonly = readonly
+        self._clock = clock
         self._listener = _Listener(self, listen or url)
         # Each pooled connection's key, for the marks its writes leave (its
         # own for as long as it lives), and the server's time when it was
@@ -711,7 +736,7 @@ class PostgresDatabase(Database):
     def clock(self) -> str:
         """The store's clock, as SQL: the server's (or the time the clock
         given to ``store.open`` reads now)."""
-        return SERVER_TIME if self.time is None else repr(float(self.time()))
+        return SERVER_TIME if self._clock is None else repr(float(self._clock()))
 
     def timed(self, sql: str) -> str:
         """``sql`` reading the store's clock where it says ``{time}``."""
@@ -724,67 +749,12 @@ class PostgresDatabase(Database):
             raise StoreError(f"store {self.path!r} is open for reading only")
         return self._run(fn, write=True, fenced=fenced)
 
-    def create_jobs(self, tx: Tx, new: NewJobs) -> list[str]:
-        """One call of ``store_create_jobs``, sent with the transaction's
-        BEGIN and COMMIT: one round trip. The jobs go as one JSON text."""
-        later = new.later or Later()
-        jobs = json.dumps(
-            [
-                {
-                    "id": job_id,
-                    "refs": list(refs),
-                    "name": new.names and new.names[k],
-                    "trace": new.traces and new.traces[k],
-                    "key": new.keys and new.keys[k],
-                }
-                for k, (job_id, refs) in enumerate(new.jobs)
-            ]
-        )
-        ids, missing = tx.finish(
-            "SELECT ids, missing FROM store_create_jobs(?::text, ?::json, ?::text, ?::float8,"
-            f" ?::int, ?::boolean, ?::float8, ?::text[], ?::boolean, ?::boolean, {NOW})",
-            (
-                new.owner,
-                jobs,
-                new.runner_id,
-                new.lease_for,
-                new.held,
-                new.later is not None,
-                later.not_before if new.later is not None else None,
-                list(later.after),
-                later.after_ok,
-                new.wait_for_room,
-            ),
-        ).fetchone()
-        if missing is not None:
-            raise NotFound(f"no job {missing!r} to wait after")
-        return list(ids)
-
-    def record_outcomes(
-        self,
-        tx: Tx,
-        outcomes: Sequence[TargetOutcome],
-        starting: Sequence[tuple[str, Lease | None]],
-        max_bytes: int | None,
-    ) -> Stored:
-        """One call of the schema's function, sent with the transaction's
-        BEGIN and COMMIT: one round trip."""
-        return record_on_server(
-            tx, outcomes, starting, max_bytes, evict_lock=TRY_LOCKS["evict"], now=NOW
-        )
-
-    queues_runs = True
+    functions = True
 
     @property
     def notifies(self) -> bool:
         """Whether notices reach this store (see ``_Listener``)."""
         return self._listener.hears
-
-    def queue_run(self, tx: Tx, new: NewRun) -> tuple[str, float]:
-        """One call of the schema's function, sent with the transaction's
-        BEGIN and COMMIT: one round trip (the usual submit takes two or
-        more, and more work in the process)."""
-        return queue_on_server(tx, new, now=NOW)
 
     def read(self, fn: Callable[[Tx], T]) -> T:
         return self._run(fn, write=False, fenced=False)
@@ -793,7 +763,7 @@ class PostgresDatabase(Database):
         """Run ``fn`` once on ``conn`` (opening the store: no retry, no mark)."""
         try:
             tx = _Tx(self, conn, (_BEGIN_LOCKED, (LOCK_KEY,)) if write else None)
-            result = fn(self.traced(tx))
+            result = fn(traced(tx, self.tracer))
             tx.commit()
         except psycopg.Error as e:
             _rollback(conn)
@@ -893,7 +863,7 @@ class PostgresDatabase(Database):
             )
         tx = _Tx(self, conn, begin, mark if write else None)
         try:
-            result = fn(self.traced(tx))
+            result = fn(traced(tx, self.tracer))
             tx.commit()
         except psycopg.Error as e:
             tx.abandon()
@@ -969,18 +939,6 @@ class PostgresDatabase(Database):
         self._pool.close()
 
     # -- notices ------------------------------------------------------------------
-
-    def notify(self, tx: Tx, notice: str) -> None:
-        tx.execute("SELECT pg_notify(?, ?)", (CHANNEL, notice))
-
-    def horizon(self, tx: Tx, *, bound: bool) -> tuple[int, int] | None:
-        # A snapshot's xmax is no such bound: a transaction may have an id
-        # above it and be in flight (xmax is one past the last that ended).
-        # An id taken now is above every id given before.
-        ended = "pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-        given = "pg_current_xact_id()::text::bigint" if bound else "0"
-        first, second = tx.execute(f"SELECT {ended}, {given}").fetchone()
-        return first, second
 
     def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
         return self._listener.add(callback)

@@ -13,12 +13,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .db import WORK, Database, Synchronous, Tx, check_not_newer, check_readable
-from .errors import Conflict, StoreError
-from .jobs import create_jobs
-from .outcomes import record
-from .schema import HISTORY, VERSION
-from .shapes import Lease, NewJobs, Stored, TargetOutcome
+from ..errors import Conflict, StoreError
+from ..schema import HISTORY, VERSION
+from . import Database, Synchronous, Tx, check_not_newer, check_readable, traced
 from .wal import Folder
 
 __all__ = ["BUSY_TIMEOUT", "SQLiteDatabase"]
@@ -52,6 +49,16 @@ class _Conn(sqlite3.Connection):
         """Run the last statement; the commit follows it, as ever."""
         return self.execute(sql, args)
 
+    def notify(self, notice: str) -> None:
+        """Nothing is sent: SQLite has no channel between processes, so
+        other processes' runners poll."""
+
+    def horizon(self, *, bound: bool) -> None:
+        """None: one writer at a time numbers events as it commits."""
+
+    #: No server functions: every operation takes its Python path.
+    functions = False
+
 
 class SQLiteDatabase(Database):
     """One SQLite connection shared by every thread of one ``Store``.
@@ -64,7 +71,12 @@ class SQLiteDatabase(Database):
     """
 
     def __init__(
-        self, path: str | Path, *, synchronous: Synchronous = "NORMAL", readonly: bool = False
+        self,
+        path: str | Path,
+        *,
+        synchronous: Synchronous = "NORMAL",
+        readonly: bool = False,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if not isinstance(path, str | os.PathLike):
             raise TypeError(f"a store path is a str or os.PathLike, not {type(path).__name__}")
@@ -72,6 +84,7 @@ class SQLiteDatabase(Database):
         if not isinstance(self.path, str):
             raise TypeError(f"a store path must name a text path, not {self.path!r}")
         self.readonly = readonly
+        self._clock = clock
         self._lock = threading.Lock()
         self._closed = False
         # Folds the log after writes, so that no commit waits for it.
@@ -164,32 +177,11 @@ class SQLiteDatabase(Database):
 
     def write(self, fn: Callable[[Tx], T], *, fenced: bool = False) -> T:
         with self.transaction() as conn:
-            return fn(self.traced(conn))
-
-    def create_jobs(self, tx: Tx, new: NewJobs) -> list[str]:
-        """A row of SQL at a time (``executemany``: a loop in C)."""
-        ids = create_jobs(tx, new, tx.now)
-        if new.wait_for_room:
-            self.notify(tx, WORK)
-        return ids
-
-    def record_outcomes(
-        self,
-        tx: Tx,
-        outcomes: Sequence[TargetOutcome],
-        starting: Sequence[tuple[str, Lease | None]],
-        max_bytes: int | None,
-    ) -> Stored:
-        """The portable way: a few statements, each over every row."""
-        return record(tx, outcomes, starting, max_bytes)
+            return fn(traced(conn, self.tracer))
 
     def read(self, fn: Callable[[Tx], T]) -> T:
         with self.transaction(write=False) as conn:
-            return fn(self.traced(conn))
-
-    def notify(self, tx: Tx, notice: str) -> None:
-        """Nothing is sent: SQLite has no channel between processes, so
-        other processes' runners poll."""
+            return fn(traced(conn, self.tracer))
 
     def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
         return _nothing
@@ -197,7 +189,7 @@ class SQLiteDatabase(Database):
     def clock(self) -> float:
         """The store's clock: this host's, the only one that writes the file
         (or the one given to ``store.open``)."""
-        return time.time() if self.time is None else self.time()
+        return time.time() if self._clock is None else self._clock()
 
     @contextlib.contextmanager
     def transaction(self, *, write: bool = True) -> Iterator[_Conn]:
