@@ -6,12 +6,15 @@ import importlib.util
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from json.scanner import make_scanner
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .errors import InvalidJob
 from .states import LIVE_JOB, TERMINAL_JOB, JobStatus, TargetState
+
+if TYPE_CHECKING:
+    import store
 
 __all__ = [
     "MAX_REF_BYTES",
@@ -174,6 +177,14 @@ class Job:
     def terminal(self) -> bool:
         """True once the status can no longer change."""
         return self.status not in LIVE_JOB
+
+
+def stored_job(row: store.JobRow, status: JobStatus, targets: list[TargetStatus]) -> Job:
+    """The :class:`Job` of the store's ``row``: each of its fields from the
+    row's field of the same name, but ``status`` and ``targets``, as the
+    runner sees them."""
+    shared: dict[str, Any] = {f.name: getattr(row, f.name) for f in fields(Job)}
+    return Job(**{**shared, "status": status, "targets": targets})
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from .model import (
     Target,
     UpstreamState,
     caller_id,
+    stored_job,
     stored_targets,
 )
 from .rotation import LiveJob
@@ -308,17 +309,7 @@ class Runner(Generic[C]):
                 live = s.rotation.get(row.id)
                 if live is not None and live.started and not s.closed:
                     status = JobStatus.RUNNING
-        return Job(
-            name=row.name,
-            id=row.id,
-            status=status,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-            targets=stored_targets(row.targets),
-            key=row.key,
-            not_before=row.not_before,
-            reason=row.reason,
-        )
+        return stored_job(row, status, stored_targets(row.targets))
 
     def touch(self, caller: C, job_id: str) -> None:
         """Mark the job as used now, so that eviction takes it last. Raises

@@ -8,9 +8,10 @@ missing one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .engines import WORK, Tx, in_list
@@ -383,9 +384,7 @@ def list_jobs(
     ``newest`` so many, when given) in creation order, with its counts: one
     row read per job."""
     sql = (
-        "SELECT id, owner, status, created_at, updated_at, nbytes, ndone, nfailed,"
-        " ntargets - ndone - nfailed, name, idempotency_key, not_before, deferred, waits, reason"
-        " FROM jobs"
+        f"SELECT {_SUMMARY_COLUMNS} FROM jobs"
         " WHERE (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR status = ?2)"
     )
     if ids is None and newest is not None:
@@ -407,7 +406,6 @@ def list_jobs(
 def _summary(row: Sequence[Any]) -> JobSummary:
     """A row of :func:`list_jobs`, in its columns' order."""
     job_id, owner, status, created, updated, nbytes, done, failed, pending, *rest = row
-    name, key, not_before, deferred, waits, reason = rest
     return JobSummary(
         job_id,
         owner,
@@ -418,19 +416,41 @@ def _summary(row: Sequence[Any]) -> JobSummary:
         done,
         failed,
         pending,
-        name=name,
-        key=key,
-        not_before=not_before or None,
-        deferred=bool(deferred),
-        waits=waits,
-        reason=reason,
+        **_read(_SUMMARY_FIELDS, rest),
     )
 
 
 #: The columns of ``jobs`` a :class:`JobRow` is made of, in its order.
-JOB_COLUMNS = (
-    "id, owner, status, created_at, updated_at, touched_at, nbytes, runner_id, name, trace,"
-    " idempotency_key, not_before, deferred, waits, reason"
+def _marked(shape: type) -> tuple[tuple[str, str, Callable[[Any], Any] | None], ...]:
+    """The fields of ``shape`` kept each in a column of ``jobs``
+    (``shapes.column``): each one's name, column and how it is read."""
+    return tuple(
+        (f.name, f.metadata["column"], f.metadata["read"])
+        for f in dataclasses.fields(shape)
+        if "column" in f.metadata
+    )
+
+
+def _read(
+    marked: tuple[tuple[str, str, Callable[[Any], Any] | None], ...], values: Sequence[Any]
+) -> dict[str, Any]:
+    """The fields ``marked`` of a job, from the values of their columns."""
+    return {
+        name: value if read is None else read(value)
+        for (name, _, read), value in zip(marked, values, strict=True)
+    }
+
+
+_ROW_FIELDS = _marked(JobRow)
+_SUMMARY_FIELDS = _marked(JobSummary)
+#: The columns a :class:`JobRow` is read from, in the order :func:`_job` takes them.
+JOB_COLUMNS = "id, owner, status, created_at, updated_at, touched_at, nbytes, " + ", ".join(
+    column for _, column, _ in _ROW_FIELDS
+)
+#: The columns a :class:`JobSummary` is read from (:func:`_summary`).
+_SUMMARY_COLUMNS = (
+    "id, owner, status, created_at, updated_at, nbytes, ndone, nfailed,"
+    " ntargets - ndone - nfailed, " + ", ".join(column for _, column, _ in _SUMMARY_FIELDS)
 )
 
 
@@ -517,9 +537,7 @@ def _with_targets(conn: Tx, row: Any) -> JobRow:
 
 
 def _job(row: Any, targets: tuple[TargetRow, ...]) -> JobRow:
-    # The columns after nbytes are JobRow's last, in its order.
     job_id, owner, status, created_at, updated_at, touched_at, nbytes, *rest = row
-    runner_id, name, trace, key, not_before, deferred, waits, reason = rest
     return JobRow(
         job_id,
         owner,
@@ -529,14 +547,7 @@ def _job(row: Any, targets: tuple[TargetRow, ...]) -> JobRow:
         touched_at,
         nbytes,
         targets,
-        runner_id,
-        name,
-        trace,
-        key,
-        not_before or None,
-        bool(deferred),
-        waits,
-        reason,
+        **_read(_ROW_FIELDS, rest),
     )
 
 

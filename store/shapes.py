@@ -4,8 +4,8 @@ advertise, what runs hold, and what the store hands back."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 from .errors import Conflict, NotFound
@@ -86,6 +86,19 @@ class TargetRow(NamedTuple):
     hint: str | None
 
 
+def column(name: str, default: Any = None, read: Callable[[Any], Any] | None = None) -> Any:
+    """A field of a job kept in the column ``name`` of ``jobs``, read back
+    through ``read`` (if given): the store selects and reads every such
+    field of :class:`JobRow` and :class:`JobSummary` by these marks, so that
+    a new column of a job is a schema step and a field here."""
+    return field(default=default, metadata={"column": name, "read": read})
+
+
+def _or_none(value: Any) -> Any:
+    """A column's value, or None for one stored as 0 or empty."""
+    return value or None
+
+
 @dataclass(frozen=True, slots=True)
 class JobRow:
     """One stored job with its targets in submit order. Times are epoch seconds."""
@@ -99,22 +112,38 @@ class JobRow:
     nbytes: int
     targets: tuple[TargetRow, ...]
     #: The runner the job was submitted through, if any.
-    runner_id: str | None = None
+    runner_id: str | None = column("runner_id")
     #: What its submitter called it, if anything.
-    name: str | None = None
+    name: str | None = column("name")
     #: The trace context current when it was submitted (a W3C
     #: ``traceparent``), if any: where its fetches' spans belong.
-    trace: str | None = None
+    trace: str | None = column("trace")
     #: The submitter's idempotency key, if it gave one.
-    key: str | None = None
+    key: str | None = column("idempotency_key")
     #: Before when (epoch seconds) it may not start, if it was given a time.
-    not_before: float | None = None
+    not_before: float | None = column("not_before", read=_or_none)
     #: Whether it still waits for its time, or for jobs it waits after.
-    deferred: bool = False
+    deferred: bool = column("deferred", False, read=bool)
     #: How many of the jobs it waits after have not ended.
-    waits: int = 0
+    waits: int = column("waits", 0)
     #: Why it ended as it did, when no target says (``after_ok`` unmet).
-    reason: str | None = None
+    reason: str | None = column("reason")
+
+    def summary(self) -> JobSummary:
+        """The job without its targets, counted instead."""
+        statuses = [t.status for t in self.targets]
+        return JobSummary(
+            self.id,
+            self.owner,
+            self.status,
+            self.created_at,
+            self.updated_at,
+            self.nbytes,
+            statuses.count(TargetState.DONE),
+            statuses.count(TargetState.FAILED),
+            statuses.count(TargetState.PENDING),
+            **{f.name: getattr(self, f.name) for f in fields(JobSummary) if "column" in f.metadata},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,14 +224,13 @@ class JobSummary:
     done: int
     failed: int
     pending: int
-    name: str | None = None
-    #: The submitter's idempotency key, if it gave one.
-    key: str | None = None
     #: As in :class:`JobRow`.
-    not_before: float | None = None
-    deferred: bool = False
-    waits: int = 0
-    reason: str | None = None
+    name: str | None = column("name")
+    key: str | None = column("idempotency_key")
+    not_before: float | None = column("not_before", read=_or_none)
+    deferred: bool = column("deferred", False, read=bool)
+    waits: int = column("waits", 0)
+    reason: str | None = column("reason")
 
 
 @dataclass(frozen=True, slots=True)

@@ -362,7 +362,7 @@ def _jobs(args: argparse.Namespace) -> Output:
 def _status(args: argparse.Namespace) -> Output:
     """One job's summary; status 1 if it ended failed, partial or cancelled."""
     with store.open(args.db, readonly=True) as db:
-        job = _summary(_find(db, args.job))
+        job = _find(db, args.job).summary()
         paused = db.paused()
         after = Ledger.of(db).after_of(job.id)
     out = _job_output(job, paused)
@@ -468,7 +468,7 @@ def _wait(args: argparse.Namespace) -> Output:
             if ended or time.monotonic() >= next_look:
                 job = _find(db, job.id)
                 next_look = time.monotonic() + LOOK
-    return _job_output(_summary(job))
+    return _job_output(job.summary())
 
 
 def _cancel(args: argparse.Namespace) -> Output:
@@ -480,7 +480,7 @@ def _cancel(args: argparse.Namespace) -> Output:
         job = db.find_job(found.id)
     if job is None:
         raise Missing(f"no job {args.job!r} in {args.db}")
-    out = _job_output(_summary(job))
+    out = _job_output(job.summary())
     if cancelled:
         return Output({**out.data, "cancelled": True}, out.text, 0)
     return Output(
@@ -558,28 +558,6 @@ def _find(db: store.Store, given: str) -> store.JobRow:
     if job is None:
         raise Missing(f"no job {given!r} in {db.path}")
     return job
-
-
-def _summary(job: store.JobRow) -> store.JobSummary:
-    """``job`` without its targets, counted instead."""
-    statuses = [t.status for t in job.targets]
-    return store.JobSummary(
-        job.id,
-        job.owner,
-        job.status,
-        job.created_at,
-        job.updated_at,
-        job.nbytes,
-        statuses.count(TargetState.DONE),
-        statuses.count(TargetState.FAILED),
-        statuses.count(TargetState.PENDING),
-        job.name,
-        job.key,
-        job.not_before,
-        job.deferred,
-        job.waits,
-        job.reason,
-    )
 
 
 def _job_output(job: store.JobSummary, paused: store.Paused = NOTHING_PAUSED) -> Output:

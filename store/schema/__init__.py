@@ -18,10 +18,10 @@ SQLite's do; times are ``DOUBLE PRECISION`` where SQLite's are ``REAL``.
 
 from __future__ import annotations
 
-from . import steps_01_08, steps_09_11, steps_12_19
+from . import steps_01, steps_09, steps_12
 from .step import Step
 
 __all__ = ["HISTORY", "VERSION", "Step"]
 
-HISTORY: tuple[Step, ...] = (*steps_01_08.STEPS, *steps_09_11.STEPS, *steps_12_19.STEPS)
+HISTORY: tuple[Step, ...] = (*steps_01.STEPS, *steps_09.STEPS, *steps_12.STEPS)
 VERSION = len(HISTORY)
