@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import urllib.parse
@@ -116,8 +117,10 @@ class Bouncer:
         sock = self.root / f".s.PGSQL.{PORT}"
         proc = self.proc
         # Nothing to wait on but the socket: PgBouncer tells no one it is up.
-        up = eventually(lambda: sock.exists() or proc.poll() is not None, timeout=30)
-        if not up or not sock.exists():
+        # Its file is there once bound, before PgBouncer listens (a client
+        # then is refused): up once a connection is taken.
+        up = eventually(lambda: _accepts(sock) or proc.poll() is not None, timeout=30)
+        if not up or not _accepts(sock):
             raise RuntimeError(f"pgbouncer did not start:\n{self.log()[-2000:]}")
 
     def _signal(self, signum: int) -> None:
@@ -149,6 +152,16 @@ class Bouncer:
         with contextlib.suppress(OSError):
             return (self.root / "pgbouncer.log").read_text()
         return ""
+
+
+def _accepts(sock: Path) -> bool:
+    """Whether something listens on the unix socket ``sock``."""
+    with socket.socket(socket.AF_UNIX) as client:
+        try:
+            client.connect(str(sock))
+        except OSError:
+            return False
+    return True
 
 
 @contextlib.contextmanager
