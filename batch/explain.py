@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 import store
 from store.console import SHORT_ID, duration, moment
-from store.pauses import covering
+from store.jobs.pauses import covering
 
 from .model import Target
 from .states import TERMINAL_JOB, TargetState

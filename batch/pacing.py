@@ -23,7 +23,7 @@ The invariants, whenever no method runs:
 6. Across the store's runners: an upstream with a ``concurrency`` or a
    ``rate`` starts nothing without its share from a sync younger than
    ``share_until``; its ``slots`` bound what it has in flight and its
-   share of the rate its starts (``store.upstreams`` grants the shares).
+   share of the rate its starts (``store.jobs.upstreams`` grants the shares).
 """
 
 from __future__ import annotations
@@ -465,7 +465,7 @@ class Paces:
         # A pace made, or a hold of its own, since the last sync: sync soon.
         self.fresh = False
         # Upstreams met (a pace made) since the last sync: the store keeps
-        # their names, so that a pause may name them (``store.pauses``).
+        # their names, so that a pause may name them (``store.jobs.pauses``).
         self.met: list[str] = []
         # Holds begun and ended, for the hooks, in order: (upstream, seconds
         # held, or None once released).

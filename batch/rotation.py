@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 import store
-from store.pauses import covering
+from store.jobs.pauses import covering
 
 from .context import Context
 from .model import Target, UpstreamState
@@ -360,7 +360,7 @@ class Rotation(Generic[C]):
 
     A job whose turn comes while its caller, or its next target's
     upstream, is paused (:meth:`pause`; an upstream by any name
-    ``store.pauses.covers`` allows, its host say) waits the same way, in
+    ``store.jobs.pauses.covers`` allows, its host say) waits the same way, in
     a ring of that pause's (``_held``), until it is lifted: then all its
     jobs are back among the ready ones at their order. Holding a job moves no
     cursor: it keeps its turn, whether or not a pick passed it meanwhile.

@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from store import __version__
-from store.pauses import origin
+from store.jobs.pauses import origin
 
 from .context import Context
 from .errors import BatchError, RetryLater, TargetError
@@ -217,7 +217,7 @@ def host_of(target: Target) -> str | None:
     ``scheme://host:port``, lower case, the scheme's port filled in (so
     ``https://Example.org/a`` and ``https://example.org:443/b`` share one).
     None for a ``file`` URL or what is not a URL with a host: no pacing. A
-    pause may name it by its host, or ``host:port`` (``store.pauses``)."""
+    pause may name it by its host, or ``host:port`` (``store.jobs.pauses``)."""
     return origin(target.ref)
 
 

@@ -20,7 +20,7 @@ from .errors import (
     UnknownUpstream,
     Unsatisfiable,
 )
-from .record import label
+from .runs.record import label
 from .shapes import (
     Advert,
     Assigned,

@@ -1,7 +1,7 @@
-"""``python -m store``: the operator's command line (see :mod:`store.cli`)."""
+"""``python -m store``: the operator's command line (see :mod:`store.runs.cli`)."""
 
 import sys
 
-from .cli import main
+from .runs.cli import main
 
 sys.exit(main())

@@ -26,9 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from . import jobs, later, runners, upstreams
+from . import jobs
 from .engines import WORK, Database, Tx, in_list
-from .outcomes import record
+from .jobs import later, runners, upstreams
+from .jobs.outcomes import record
 from .shapes import (
     Beat,
     JobRow,

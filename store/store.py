@@ -13,24 +13,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import (
-    events,
-    gauges,
-    jobs,
-    nodes,
-    pauses,
-    queue,
-    record,
-    runners,
-    runs,
-    upstreams,
-    waiting,
-)
+from . import events, gauges, jobs, runs
 from .engines import CANCELLED, Database, Synchronous, Tracer, Tx
 from .engines.sqlite import SQLiteDatabase
 from .errors import StoreError
-from .explain import explain as explain_run
+from .jobs import pauses, runners, upstreams
 from .ledger import Ledger
+from .runs import nodes, queue, record, waiting
+from .runs.explain import explain as explain_run
 from .shapes import (
     Advert,
     Claim,
@@ -343,7 +333,7 @@ class Store:
         nothing is stored then."""
         checked, warnings = runs.check_steps(steps)  # once: steps may be an iterator
         new_id = runs.new_id(run_id)
-        queued = runs.queue(
+        queued = runs.queue_waiting(
             self._db,
             self._fleets,
             checked,
@@ -442,7 +432,7 @@ class Store:
         """Why the run waits (or waited): its place in the queue, the runs
         ahead of it, how long it waited, and for each step the nodes whose
         caps cover it and why each cannot take it now. ``NotFound`` if
-        there is no such run. See :func:`store.explain.explain` for the keys."""
+        there is no such run. See :func:`store.runs.explain.explain` for the keys."""
         return self._db.read(
             lambda tx: explain_run(tx, run_id, self.max_leases_per_run, self.reserve_after)
         )

@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import event
 
 import store
-from store.match import place
+from store.runs.match import place
 from store.shapes import Assignment
 from tests.helpers import Raw
 

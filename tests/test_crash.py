@@ -35,8 +35,8 @@ import pytest
 
 import batch
 import store
-from store.match import place
-from store.record import digest
+from store.runs.match import place
+from store.runs.record import digest
 
 pytestmark = [
     pytest.mark.slow,

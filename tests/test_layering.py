@@ -120,3 +120,14 @@ def test_only_the_store_face_picks_an_engine() -> None:
         if not path.startswith("store/engines/") and any(_of(n, *engines) for n in names)
     }
     assert picking == {"store/store.py"}
+
+
+def test_the_jobs_and_the_runs_share_the_engine_and_nothing_else() -> None:
+    """The batch jobs (``store.jobs``) and the run scheduler (``store.runs``)
+    are two products on one engine: neither imports the other."""
+    crossing = {
+        path: sorted(n for n in names if _of(n, other))
+        for own, other in (("jobs", "store.runs"), ("runs", "store.jobs"))
+        for path, names in _store_imports(own).items()
+    }
+    assert {path: names for path, names in crossing.items() if names} == {}

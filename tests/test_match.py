@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import store
-from store.match import labels, place
+from store.runs.match import labels, place
 
 LABELS = ["gpu", "linux", "arm", "ssd"]
 

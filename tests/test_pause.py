@@ -227,4 +227,4 @@ def test_a_held_job_keeps_its_turn_whether_or_not_a_pick_passed_it() -> None:
 def test_a_pause_covers_an_upstream_by_the_names_a_person_knows_it_by(
     paused: str, upstream: str, covered: bool
 ) -> None:
-    assert store.pauses.covers(paused, upstream) is covered
+    assert store.jobs.pauses.covers(paused, upstream) is covered

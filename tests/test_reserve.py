@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 import store
-from store import waiting
+from store.runs import waiting
 from tests.helpers import Clock, trace
 
 LEASE = 30.0

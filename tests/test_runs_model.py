@@ -32,7 +32,7 @@ from hypothesis.stateful import (
 )
 
 import store
-from store.match import place
+from store.runs.match import place
 from tests.helpers import EXAMPLES, Clock, Raw, examples
 from tests.runs_model import (
     FAR,

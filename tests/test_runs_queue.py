@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import store
-import store.queue as store_queue
+import store.runs.queue as store_queue
 from tests.helpers import Clock, raw
 from tests.runs_helpers import (
     FAR_FUTURE,

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 import store
-import store.record as record_module
+import store.runs.record as record_module
 from tests.helpers import Clock, raw, trace
 from tests.runs_helpers import (
     advertise,

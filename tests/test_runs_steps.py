@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import store
-from store import node_leases
+from store.runs import node_leases
 from tests.helpers import Clock
 from tests.runs_helpers import (
     FAR_FUTURE,

@@ -19,8 +19,8 @@ import pytest
 
 import batch.cli
 import store
-import store.cli
 import store.console
+import store.runs.cli
 from store.store import Store
 from tests.helpers import frozen
 from tests.runs_helpers import step
@@ -334,7 +334,7 @@ def test_both_command_lines_look_at_one_store_unless_told(monkeypatch: pytest.Mo
     def stores() -> set[str]:
         return {
             batch.cli.build_parser().parse_args(["jobs"]).db,
-            store.cli.build_parser().parse_args(["nodes"]).db,
+            store.runs.cli.build_parser().parse_args(["nodes"]).db,
         }
 
     monkeypatch.delenv("BATCH_DB", raising=False)
@@ -458,8 +458,8 @@ def test_an_interrupt_exits_130_with_one_line(
     def interrupted(path: str) -> Store:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(store.cli, "_open_view", interrupted)
-    assert store.cli.main(["--db", str(cluster), "nodes"]) == 130
+    monkeypatch.setattr(store.runs.cli, "_open_view", interrupted)
+    assert store.runs.cli.main(["--db", str(cluster), "nodes"]) == 130
     assert capsys.readouterr() == ("", "store: interrupted\n")
 
 
@@ -470,7 +470,7 @@ def test_a_wake_that_fails_after_an_action_is_a_warning_line_not_a_traceback(
         raise store.StoreError("database is locked")
 
     monkeypatch.setattr(Store, "wake_queued", locked)
-    assert store.cli.main(["--db", str(cluster), "undrain", "n3", "--json"]) == 0
+    assert store.runs.cli.main(["--db", str(cluster), "undrain", "n3", "--json"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["state"] == "idle"
     assert err
@@ -483,7 +483,7 @@ def test_a_wake_that_fails_after_an_action_is_a_warning_line_not_a_traceback(
     [(0, "0s"), (12.9, "12s"), (184, "3m04s"), (7260, "2h01m"), (273_600, "3d04h"), (-5, "0s")],
 )
 def test_durations_read_the_way_people_write_them(seconds: float, shown: str) -> None:
-    assert store.cli.duration(seconds) == shown
+    assert store.runs.cli.duration(seconds) == shown
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Upstreams shared by the runners of a store (SPEC §2d, ``store.upstreams``):
+"""Upstreams shared by the runners of a store (SPEC §2d, ``store.jobs.upstreams``):
 concurrency slots that never sum past the limit, the rate divided among the
 runners that want it, holds every runner sees; on both engines, with the
 store's clock stepped by the test."""

@@ -27,7 +27,7 @@ _BYTE_SLOTS_PG = (
     "INSERT INTO job_bytes_slots (slot, total) SELECT 0, total FROM job_bytes",
     "DROP TABLE job_bytes",
     "ALTER TABLE job_bytes_slots RENAME TO job_bytes",
-    # ``store.outcomes.record`` on the server, taking the batch as JSON (an
+    # ``store.jobs.outcomes.record`` on the server, taking the batch as JSON (an
     # array of outcomes, an array of starting jobs; see
     # ``outcomes.record_on_server``). Two statements: the first locks the
     # jobs, the second decides every verdict and makes every write (each of
@@ -162,7 +162,7 @@ BEGIN
     END IF;
 END $$
 """,
-    # ``store.runs.queue`` on the server: the checks a submit makes before
+    # ``store.runs.queue_waiting`` on the server: the checks a submit makes before
     # it writes, and its writes, in one call. Answers the verdict
     # (``taken``, ``stale``, ``free``, ``unsatisfiable``: nothing written;
     # ``queued``) and when the run was created, strictly after the last.
@@ -205,7 +205,7 @@ END $$
 # -- step 10: upstream shares and holds ---------------------------------------------
 
 _UPSTREAMS = (
-    # Each runner's share of an upstream's limits (``store.upstreams``): how
+    # Each runner's share of an upstream's limits (``store.jobs.upstreams``): how
     # many of its jobs want it, the concurrency slots and the starts a second
     # it holds, and when it last said so (a row unseen for its ``lapse``
     # counts for nothing).

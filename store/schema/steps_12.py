@@ -123,7 +123,7 @@ _JOB_KEYS_PG = _JOB_KEYS
 # -- step 15: pauses ----------------------------------------------------------------
 
 _PAUSES = (
-    # What an operator paused (``store.pauses``): no new target starts for
+    # What an operator paused (``store.jobs.pauses``): no new target starts for
     # that caller, or of that upstream, on any runner of the store.
     """
     CREATE TABLE paused (

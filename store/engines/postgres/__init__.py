@@ -62,13 +62,7 @@ from typing import Any, TypeVar
 
 from ...errors import Conflict, StoreError
 from ...schema import HISTORY, VERSION
-from .. import (
-    Database,
-    Tx,
-    check_not_newer,
-    check_readable,
-    traced,
-)
+from .. import Database, Tx, check_not_newer, check_readable, traced
 
 try:
     import psycopg

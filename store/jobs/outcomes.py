@@ -29,12 +29,12 @@ import json
 from collections.abc import Sequence
 from typing import Literal
 
-from .engines import LOCKS, Tx, in_list, values
-from .errors import Conflict, NotFound
+from ..engines import LOCKS, Tx, in_list, values
+from ..errors import Conflict, NotFound
+from ..shapes import Lease, Stored, TargetOutcome
+from ..states import LIVE_JOB, JobStatus, TargetState
+from . import add_bytes, byte_slot, evict_past, total_bytes
 from .fence import holds, lease_args
-from .jobs import add_bytes, byte_slot, evict_past, total_bytes
-from .shapes import Lease, Stored, TargetOutcome
-from .states import LIVE_JOB, JobStatus, TargetState
 
 __all__ = ["record"]
 

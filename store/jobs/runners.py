@@ -33,11 +33,11 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from . import events, jobs, later, pauses, upstreams
-from .engines import Tx, in_list
-from .jobs import NO_LIMIT
-from .shapes import Beat, JobRow, Look, Whereabouts
-from .states import LIVE_JOB, LIVE_SQL
+from .. import events, jobs
+from ..engines import Tx, in_list
+from ..shapes import Beat, JobRow, Look, Whereabouts
+from ..states import LIVE_JOB, LIVE_SQL
+from . import NO_LIMIT, later, pauses, upstreams
 
 __all__ = [
     "HOST",

@@ -9,10 +9,10 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .engines import Tx
-from .errors import NotFound
+from ..engines import Tx
+from ..errors import NotFound
+from ..shapes import Advert, NodeView
 from .match import labels, place
-from .shapes import Advert, NodeView
 
 __all__ = [
     "ANY_FREE",

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from ..engines import Tx
+from ..shapes import Advert, Assignment
+from ..states import RunState
 from . import match, node_leases, nodes, record, waiting
-from .engines import Tx
-from .shapes import Advert, Assignment
-from .states import RunState
 
 __all__ = ["promote", "wake"]
 
@@ -31,7 +31,7 @@ def wake(
     The nodes a promotion takes join ``blocked`` within the same scan, so a
     later run in the queue never gets them; so do the nodes a run that has
     waited ``reserve_after`` seconds and still does not fit could use (it
-    reserves them: see :mod:`store.waiting`). With ``lease_ttl == 0`` no
+    reserves them: see :mod:`store.runs.waiting`). With ``lease_ttl == 0`` no
     lease may be issued, so nothing is promoted. The scan stops once every
     node is blocked: nothing further could be placed.
     """

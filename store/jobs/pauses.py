@@ -20,9 +20,9 @@ import functools
 import urllib.parse
 from collections.abc import Iterable
 
-from .engines import Tx
-from .errors import UnknownUpstream
-from .shapes import Paused
+from ..engines import Tx
+from ..errors import UnknownUpstream
+from ..shapes import Paused
 
 __all__ = ["KINDS", "covering", "covers", "gathered", "known", "origin", "pause", "read", "unpause"]
 

@@ -1,4 +1,9 @@
-"""Batch jobs and their targets: what the runner stores, and eviction.
+"""The batch jobs, a package of their own: their tables (jobs, targets,
+runners, pauses, upstreams) and operations, for ``Store`` and the runner's
+``Ledger``. Here, the jobs and their targets: what the runner stores, and
+eviction; beside it, a batch of outcomes (``outcomes``), the fence of a
+lease (``fence``), the runners and their leases (``runners``), jobs that
+start later (``later``), pauses and the upstreams runners share.
 
 Every function takes an open transaction (``Tx``, from ``Database.write``
 or ``read``) and runs inside it; the caller owns commit and rollback. A job
@@ -14,11 +19,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .engines import WORK, Tx, in_list
-from .errors import NotFound
-from .fence import fenced, lease_args
-from .shapes import JobRow, JobSummary, Later, Lease, NewJobs, TargetRow
-from .states import (
+from ..engines import WORK, Tx, in_list
+from ..errors import NotFound
+from ..shapes import JobRow, JobSummary, Later, Lease, NewJobs, TargetRow
+from ..states import (
     ENDED_SQL,
     JOB_STATUSES,
     LIVE_JOB,
@@ -29,6 +33,7 @@ from .states import (
     TargetState,
     ended_status,
 )
+from .fence import fenced, lease_args
 
 __all__ = [
     "JOB_COLUMNS",

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence, Set
 
-from .errors import InvalidRun
-from .shapes import Assignment
+from ..errors import InvalidRun
+from ..shapes import Assignment
 
 __all__ = ["labels", "place"]
 

@@ -14,8 +14,8 @@ take an open transaction (``Tx``) and run inside it.
 
 from __future__ import annotations
 
-from .engines import Tx, in_list
-from .states import LIVE_SQL, JobStatus
+from ..engines import Tx, in_list
+from ..states import LIVE_SQL, JobStatus
 
 __all__ = ["RELEASE_PER_BEAT", "after_of", "next_due", "release"]
 

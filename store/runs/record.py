@@ -12,10 +12,10 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .engines import Tx
-from .errors import NotFound
-from .shapes import Assigned, Assignment
-from .states import RunState, StepState
+from ..engines import Tx
+from ..errors import NotFound
+from ..shapes import Assigned, Assignment
+from ..states import RunState, StepState
 
 __all__ = ["fill_record", "get_record", "label", "open_record", "seal_record"]
 

@@ -7,8 +7,8 @@ that lost a job can store nothing for it."""
 
 from __future__ import annotations
 
-from .shapes import Lease
-from .states import LIVE_JOB
+from ..shapes import Lease
+from ..states import LIVE_JOB
 
 __all__ = ["fenced", "holds", "lease_args"]
 

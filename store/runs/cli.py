@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .console import (
+from ..console import (
     EMPTY,
     EXIT_FAILED,
     Output,
@@ -38,10 +38,10 @@ from .console import (
     seconds_or_never,
     table,
 )
-from .shapes import NodeView, RunView
-from .states import RunState
-from .store import LEASE_TTL, MAX_LEASES_PER_RUN, RESERVE_AFTER, Store
-from .store import open as open_store
+from ..shapes import NodeView, RunView
+from ..states import RunState
+from ..store import LEASE_TTL, MAX_LEASES_PER_RUN, RESERVE_AFTER, Store
+from ..store import open as open_store
 
 __all__ = ["main"]
 

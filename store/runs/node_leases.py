@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .engines import Tx
+from ..engines import Tx
 
 __all__ = ["issue", "lapsed", "release", "release_run", "renew"]
 

@@ -17,9 +17,9 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from .engines import Tx
+from ..engines import Tx
+from ..states import RunState
 from .nodes import Fleet
-from .states import RunState
 
 __all__ = ["PAGE", "Reservations", "bump", "cutoff", "queued"]
 

@@ -39,8 +39,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .engines import Tx, in_list
-from .shapes import UpstreamShare, UpstreamView, UpstreamWant
+from ..engines import Tx, in_list
+from ..shapes import UpstreamShare, UpstreamView, UpstreamWant
 
 __all__ = ["forget", "sync", "view"]
 

@@ -1,4 +1,10 @@
-"""Runs and their steps: submit, read, claim, report, heartbeat, reap, cancel.
+"""The run scheduler of the queued-runs note, a package of its own: nodes,
+runs, steps, their leases and records, and its command line (``cli``).
+They share the engine with the batch jobs and nothing else. Here, runs and
+their steps: submit, read, claim, report, heartbeat, reap, cancel; beside
+it, the FIFO wake (``queue``), the waiting line (``waiting``), placement
+(``match``, ``nodes``, ``node_leases``), the Record (``record``) and why a
+run waits (``explain``).
 
 Functions take an open transaction (``Tx``) and run inside it; none of
 them wakes the queue (the ``Store`` does that after the commit).
@@ -13,11 +19,11 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ..engines import Database, Tx
+from ..errors import Conflict, InvalidRun, NotFound, Unsatisfiable
+from ..shapes import Assigned, Claim, NewRun, RunView, Step, StepView
+from ..states import RunState, StepState, sql_list
 from . import match, node_leases, nodes, record, waiting
-from .engines import Database, Tx
-from .errors import Conflict, InvalidRun, NotFound, Unsatisfiable
-from .shapes import Assigned, Claim, NewRun, RunView, Step, StepView
-from .states import RunState, StepState, sql_list
 
 __all__ = [
     "CheckedStep",
@@ -198,7 +204,7 @@ def _view(
     )
 
 
-def queue(
+def queue_waiting(
     db: Database,
     fleets: nodes.Fleets,
     checked: list[CheckedStep],

@@ -3,7 +3,7 @@ nodes that could take the step and why each does not now.
 
 Read-only, and by the rules placement itself follows: a node takes no new
 run while it is busy (leased), draining or reserved by a run ahead that
-waited too long (:mod:`store.waiting`), and a run is placed whole on at
+waited too long (:mod:`store.runs.waiting`), and a run is placed whole on at
 most ``max_leases`` nodes (``match.place``).
 """
 
@@ -13,11 +13,11 @@ import json
 import math
 from typing import Any
 
+from ..engines import Tx
+from ..errors import NotFound
+from ..shapes import NodeView
+from ..states import RunState
 from . import match, nodes, waiting
-from .engines import Tx
-from .errors import NotFound
-from .shapes import NodeView
-from .states import RunState
 
 __all__ = ["explain"]
 
@@ -34,7 +34,7 @@ def explain(
     unless QUEUED) with the ``ahead`` run ids before it, the seconds it
     ``waited`` (so far, or until it started or ended), whether it is
     ``reserving`` nodes (QUEUED for ``reserve_after`` seconds or more, and
-    placeable at all: see :meth:`store.nodes.Fleet.reserves`), and
+    placeable at all: see :meth:`store.runs.nodes.Fleet.reserves`), and
     its ``steps``: each with its ``needs``, its ``node`` once placed, and
     ``nodes``, every node whose caps cover the needs with ``why`` it cannot
     take the step now (None if it can): ``busy`` (with the ``run_id`` holding
