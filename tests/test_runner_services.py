@@ -442,7 +442,10 @@ def test_outcomes_of_quick_fetches_in_flight_share_one_commit(
     real = Ledger.of(db).store_targets
 
     def store_targets(outcomes: Any, **kwargs: Any) -> store.Stored:
-        batches.append(len(outcomes))
+        # Outcomes only: the keeper's own write of ``running`` (no outcome)
+        # may come first on a busy host.
+        if outcomes:
+            batches.append(len(outcomes))
         return real(outcomes, **kwargs)
 
     monkeypatch.setattr(Ledger.of(db), "store_targets", store_targets)
