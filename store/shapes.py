@@ -472,7 +472,7 @@ class RunView:
 @dataclass(frozen=True, slots=True)
 class NewJobs:
     """New jobs of ``owner`` to store in one transaction
-    (``Database.create_jobs``): each its id and refs, in this order, with
+    (``jobs.create_jobs``): each its id and refs, in this order, with
     its name in ``names``, its trace context in ``traces``, its
     idempotency key in ``keys`` (each None, or one per job), submitted
     through runner ``runner_id`` (if any). Given ``lease_for``, the first
