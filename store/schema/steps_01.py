@@ -303,6 +303,15 @@ _RUNNERS_PG = (
 
 # -- step 4: job leases and fencing tokens, each runner's lapse, the clock of beats
 
+# Jobs of an older library: leased to their runner, lapsed.
+_LEASED_BEFORE = """
+    UPDATE jobs SET lease_owner = runner_id, lease_token = 1, lease_until = 0
+    WHERE status IN ('queued', 'running') AND runner_id IS NOT NULL
+    """
+_JOBS_LEASED = "CREATE INDEX jobs_leased ON jobs (lease_owner) WHERE lease_owner IS NOT NULL"
+_JOBS_WAITING = "CREATE INDEX jobs_waiting ON jobs (seq) WHERE status IN ('queued', 'running')"
+_LEASE_CLOCK_SET = "INSERT INTO lease_clock (one, beat_at) VALUES (1, 0)"
+
 _LEASES = (
     # A live job is held by one runner at a time through a lease: its owner
     # (lease_owner, a runner id; NULL: no runner holds it, it waits for one
@@ -313,16 +322,12 @@ _LEASES = (
     "ALTER TABLE jobs ADD COLUMN lease_owner TEXT",
     "ALTER TABLE jobs ADD COLUMN lease_token INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE jobs ADD COLUMN lease_until REAL",
-    # Jobs of an older library: leased to their runner, lapsed.
-    """
-    UPDATE jobs SET lease_owner = runner_id, lease_token = 1, lease_until = 0
-    WHERE status IN ('queued', 'running') AND runner_id IS NOT NULL
-    """,
-    "CREATE INDEX jobs_leased ON jobs (lease_owner) WHERE lease_owner IS NOT NULL",
+    _LEASED_BEFORE,
+    _JOBS_LEASED,
     # The lease length each runner beats with: it is gone once silent for
     # its own lapse, whatever the lapse of the runner looking.
     "ALTER TABLE runners ADD COLUMN lapse REAL NOT NULL DEFAULT 5.0",
-    "CREATE INDEX jobs_waiting ON jobs (seq) WHERE status IN ('queued', 'running')",
+    _JOBS_WAITING,
     # When a runner last beat, by the store's clock: a beat that finds the
     # one before it long past knows the store could not be written meanwhile
     # (every runner was blocked), and gives that time back to every lease.
@@ -332,30 +337,31 @@ _LEASES = (
         beat_at REAL    NOT NULL
     )
     """,
-    "INSERT INTO lease_clock (one, beat_at) VALUES (1, 0)",
+    _LEASE_CLOCK_SET,
 )
 
 _LEASES_PG = (
     'ALTER TABLE jobs ADD COLUMN lease_owner TEXT COLLATE "C"',
     "ALTER TABLE jobs ADD COLUMN lease_token BIGINT NOT NULL DEFAULT 0",
     "ALTER TABLE jobs ADD COLUMN lease_until DOUBLE PRECISION",
-    """
-    UPDATE jobs SET lease_owner = runner_id, lease_token = 1, lease_until = 0
-    WHERE status IN ('queued', 'running') AND runner_id IS NOT NULL
-    """,
-    "CREATE INDEX jobs_leased ON jobs (lease_owner) WHERE lease_owner IS NOT NULL",
+    _LEASED_BEFORE,
+    _JOBS_LEASED,
     "ALTER TABLE runners ADD COLUMN lapse DOUBLE PRECISION NOT NULL DEFAULT 5.0",
-    "CREATE INDEX jobs_waiting ON jobs (seq) WHERE status IN ('queued', 'running')",
+    _JOBS_WAITING,
     """
     CREATE TABLE lease_clock (
         one     INTEGER PRIMARY KEY CHECK (one = 1),
         beat_at DOUBLE PRECISION NOT NULL
     )
     """,
-    "INSERT INTO lease_clock (one, beat_at) VALUES (1, 0)",
+    _LEASE_CLOCK_SET,
 )
 
 # -- step 5: the nodes' generation -------------------------------------------------
+
+_NODE_GENERATION_SET = "INSERT INTO node_generation (one, generation) VALUES (1, 0)"
+# Draining nodes are few: counting those without a lease is then cheap.
+_NODES_DRAINING = "CREATE INDEX nodes_draining ON nodes (id) WHERE draining = 1"
 
 _NODE_CHANGES = (
     # Bumped whenever a node is advertised: a store keeps what the nodes
@@ -366,9 +372,8 @@ _NODE_CHANGES = (
         generation INTEGER NOT NULL
     )
     """,
-    "INSERT INTO node_generation (one, generation) VALUES (1, 0)",
-    # Draining nodes are few: counting those without a lease is then cheap.
-    "CREATE INDEX nodes_draining ON nodes (id) WHERE draining = 1",
+    _NODE_GENERATION_SET,
+    _NODES_DRAINING,
 )
 
 _NODE_CHANGES_PG = (
@@ -378,8 +383,8 @@ _NODE_CHANGES_PG = (
             generation BIGINT  NOT NULL
         )
         """,
-    "INSERT INTO node_generation (one, generation) VALUES (1, 0)",
-    "CREATE INDEX nodes_draining ON nodes (id) WHERE draining = 1",
+    _NODE_GENERATION_SET,
+    _NODES_DRAINING,
 )
 
 # -- step 6: a job's target counts -------------------------------------------------

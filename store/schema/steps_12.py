@@ -160,6 +160,24 @@ _JOBS_ENDED_PG = _JOBS_ENDED
 
 # -- step 17: jobs that start later -------------------------------------------------
 
+# The indexes of jobs that start later, the same on both engines.
+_LATER_INDEXES = (
+    "CREATE INDEX job_after_by ON job_after (after_id)",
+    # The deferred jobs free to go, soonest first.
+    "CREATE INDEX jobs_due ON jobs (not_before) WHERE deferred = 1 AND waits = 0",
+    # What runners take leaves deferred jobs out, however many wait.
+    "DROP INDEX jobs_live",
+    """
+    CREATE INDEX jobs_live ON jobs (runner_id, seq)
+    WHERE status IN ('queued', 'running') AND deferred = 0
+    """,
+    "DROP INDEX jobs_waiting",
+    """
+    CREATE INDEX jobs_waiting ON jobs (seq)
+    WHERE status IN ('queued', 'running') AND deferred = 0
+    """,
+)
+
 _LATER = (
     # A job that starts later (``submit(not_before=..., after=[...])``) is
     # stored deferred: no runner takes it until its time came (not_before,
@@ -179,20 +197,7 @@ _LATER = (
         PRIMARY KEY (job_id, after_id)
     ) WITHOUT ROWID
     """,
-    "CREATE INDEX job_after_by ON job_after (after_id)",
-    # The deferred jobs free to go, soonest first.
-    "CREATE INDEX jobs_due ON jobs (not_before) WHERE deferred = 1 AND waits = 0",
-    # What runners take leaves deferred jobs out, however many wait.
-    "DROP INDEX jobs_live",
-    """
-    CREATE INDEX jobs_live ON jobs (runner_id, seq)
-    WHERE status IN ('queued', 'running') AND deferred = 0
-    """,
-    "DROP INDEX jobs_waiting",
-    """
-    CREATE INDEX jobs_waiting ON jobs (seq)
-    WHERE status IN ('queued', 'running') AND deferred = 0
-    """,
+    *_LATER_INDEXES,
     """
     CREATE TRIGGER job_after_ended AFTER UPDATE OF status ON jobs
     WHEN old.status IN ('queued', 'running') AND new.status NOT IN ('queued', 'running')
@@ -216,18 +221,7 @@ _LATER_PG = (
             PRIMARY KEY (job_id, after_id)
         )
         """,
-    "CREATE INDEX job_after_by ON job_after (after_id)",
-    "CREATE INDEX jobs_due ON jobs (not_before) WHERE deferred = 1 AND waits = 0",
-    "DROP INDEX jobs_live",
-    """
-    CREATE INDEX jobs_live ON jobs (runner_id, seq)
-    WHERE status IN ('queued', 'running') AND deferred = 0
-    """,
-    "DROP INDEX jobs_waiting",
-    """
-    CREATE INDEX jobs_waiting ON jobs (seq)
-    WHERE status IN ('queued', 'running') AND deferred = 0
-    """,
+    *_LATER_INDEXES,
     """
         CREATE FUNCTION store_job_after_ended() RETURNS trigger LANGUAGE plpgsql AS $$
         DECLARE
