@@ -238,7 +238,8 @@ def _record_on_server(
     final: bool,
 ) -> Stored:
     """Store a batch by one call of ``store_record`` (schema step 9), the
-    transaction's last statement (``Tx.finish``: its COMMIT goes with it).
+    transaction's last statement; ``final``: its COMMIT goes with it
+    (``Tx.finish``), else the caller may still roll it back.
 
     The batch goes as two JSON texts, not as arrays: encoded in C, and
     bound as two quoted strings (binding ten arrays element by element
