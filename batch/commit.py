@@ -4,6 +4,7 @@ transaction each, with the runner's lock released while the store writes."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TypeVar
 
 import store
@@ -16,12 +17,14 @@ from .pacing import Answer
 from .rotation import LiveJob
 from .state import State
 from .states import LIVE_JOB, JobStatus, TargetState, ended_status
+from .trouble import Trouble
 
 __all__ = ["finished", "gather", "give_back_starting", "record", "take_starting"]
 
 log = logging.getLogger("batch")
 
 C = TypeVar("C")
+T = TypeVar("T")
 
 #: What an upstream's pace learns of an outcome.
 _ANSWERS = {
@@ -154,48 +157,48 @@ def _save(s: State[C], ended: list[tuple[LiveJob[C], Outcome]]) -> None:
     the store refuses them. So a refused outcome is not taken for a lost
     lease: the store is asked who holds the job (:func:`_resync`).
     """
-    delay = BACKOFF_FIRST
     starting = take_starting(s)
-    trouble = s.trouble("the group commit")
-    while ended or starting:
+    if not ended and not starting:
+        return
+
+    def write() -> tuple[list[store.TargetOutcome], store.Stored]:
         # Cancel may come while the store refuses: decide each time.
         outcomes = [_stored(job, o) for job, o in ended]
-        try:
-            with unlocked(s.lock):
-                stored = s.ledger.store_targets(
-                    outcomes, max_bytes=s.config.max_bytes, starting=starting
-                )
-        except Exception:  # whatever the store or its driver raises: no worker dies of it
-            if s.closed:
-                log.exception(
-                    "runner closing: %d outcome(s) dropped; their targets stay pending"
-                    " for the next runner",
-                    len(ended),
-                )
-                for job, _ in ended:
-                    s.settle(job)
-                return
-            if not ended:
-                give_back_starting(s, starting)
-                return
-            trouble.failed("cannot store %d outcome(s); trying again in %.2gs", len(ended), delay)
-            s.wait(s.done, delay)
-            delay = min(2 * delay, BACKOFF_MAX)
-            continue
-        trouble.ok()
-        refused: list[tuple[LiveJob[C], Outcome, store.StoreError]] = []
-        for i, (job, outcome) in enumerate(ended):
-            why = stored.refused.get(i)
-            if why is not None:
-                refused.append((job, outcome, why))  # still running: no worker picks it
-                continue
-            end = outcomes[i].job_status if i in stored.ended else None
-            if i in stored.cancelled:
-                job.cancel()
-            _advance(s, job, outcome, end)
-        if refused:
-            _resync(s, refused)
+        return outcomes, s.ledger.store_targets(
+            outcomes, max_bytes=s.config.max_bytes, starting=starting
+        )
+
+    answer = _ask(
+        s,
+        s.trouble("the group commit"),
+        write,
+        again=bool(ended),
+        failing=("cannot store %d outcome(s)", len(ended)),
+        closing=(
+            "runner closing: %d outcome(s) dropped; their targets stay pending for the next runner",
+            len(ended),
+        ),
+    )
+    if answer is None:
+        if s.closed:
+            for job, _ in ended:
+                s.settle(job)
+        else:
+            give_back_starting(s, starting)
         return
+    outcomes, stored = answer
+    refused: list[tuple[LiveJob[C], Outcome, store.StoreError]] = []
+    for i, (job, outcome) in enumerate(ended):
+        why = stored.refused.get(i)
+        if why is not None:
+            refused.append((job, outcome, why))  # still running: no worker picks it
+            continue
+        end = outcomes[i].job_status if i in stored.ended else None
+        if i in stored.cancelled:
+            job.cancel()
+        _advance(s, job, outcome, end)
+    if refused:
+        _resync(s, refused)
 
 
 def _resync(s: State[C], refused: list[tuple[LiveJob[C], Outcome, store.StoreError]]) -> None:
@@ -221,35 +224,61 @@ def _resync(s: State[C], refused: list[tuple[LiveJob[C], Outcome, store.StoreErr
     leases are released as the runner retires, so the next runner finds
     them as the store has them).
     """
+    ids = [job.id for job, _, _ in refused]
+    seen = _ask(
+        s,
+        s.trouble("reading the jobs of refused outcomes"),
+        lambda: s.ledger.job_leases(ids),
+        failing=("cannot learn who holds %d job(s) whose outcome the store refused", len(ids)),
+        closing=(
+            "runner closing: cannot learn who holds %d job(s) whose outcome the store"
+            " refused; they leave this runner",
+            len(ids),
+        ),
+    )
+    if seen is None:
+        for job, _, _ in refused:
+            job.lose()
+            s.settle(job)
+        return
+    for job, outcome, why in refused:
+        _resync_one(s, job, outcome, why, seen.get(job.id))
+
+
+def _ask(
+    s: State[C],
+    trouble: Trouble,
+    call: Callable[[], T],
+    *,
+    failing: tuple[str, int],
+    closing: tuple[str, int],
+    again: bool = True,
+) -> T | None:
+    """``call()`` with the lock released, asked again while the store
+    fails it (whatever it or its driver raises: no worker dies of it),
+    after ``BACKOFF_FIRST`` seconds, doubling up to ``BACKOFF_MAX``; its
+    answer. None, with the failure logged, once the runner is closing
+    (``closing``: the message and its count) or at the first failure if
+    not asked ``again``; each failure before is ``failing``. Called with the
+    lock held, which it holds again when it returns."""
     delay = BACKOFF_FIRST
-    trouble = s.trouble("reading the jobs of refused outcomes")
     while True:
         try:
             with unlocked(s.lock):
-                seen = s.ledger.job_leases([job.id for job, _, _ in refused])
-            trouble.ok()
-            break
+                answer = call()
         except Exception:  # whatever the store or its driver raises: no worker dies of it
             if s.closed:
-                log.exception(
-                    "runner closing: cannot learn who holds %d job(s) whose outcome the store"
-                    " refused; they leave this runner",
-                    len(refused),
-                )
-                for job, _, _ in refused:
-                    job.lose()
-                    s.settle(job)
-                return
-            trouble.failed(
-                "cannot learn who holds %d job(s) whose outcome the store refused;"
-                " trying again in %.2gs",
-                len(refused),
-                delay,
-            )
+                log.exception(*closing)
+                return None
+            if not again:
+                return None
+            msg, count = failing
+            trouble.failed(msg + "; trying again in %.2gs", count, delay)
             s.wait(s.done, delay)
             delay = min(2 * delay, BACKOFF_MAX)
-    for job, outcome, why in refused:
-        _resync_one(s, job, outcome, why, seen.get(job.id))
+            continue
+        trouble.ok()
+        return answer
 
 
 def _resync_one(

@@ -60,7 +60,14 @@ def keep(s: State[C], resume: Resume) -> None:
         shared = False  # the store holds rows of this runner's upstreams
         while not s.stopping:
             now = s.clock.monotonic()
-            if s.starting and now >= s.starting_since + START_DELAY:
+            if now >= next_poll and len(s.rotation):
+                # First of the chores, and on a cadence of its own (from
+                # when the last look began): how soon a pause or a cancel
+                # of another process reaches this runner rests on it. A
+                # look slower than the cadence leaves the others a turn.
+                _look(s)
+                next_poll = max(now, s.clock.monotonic() - CANCEL_POLL / 2) + CANCEL_POLL
+            elif s.starting and now >= s.starting_since + START_DELAY:
                 _store_starting(s)
             elif paces is not None and (paces.fresh or now >= next_sync):
                 shared = _sync_upstreams(s, shared)
@@ -70,9 +77,6 @@ def keep(s: State[C], resume: Resume) -> None:
                 # stall leaves must be seen by the first beat after it.
                 again = interval if beat(s, resume) else min(interval, RETRY_BEAT)
                 next_beat = s.clock.monotonic() + again
-            elif now >= next_poll and len(s.rotation):
-                _look(s)
-                next_poll = s.clock.monotonic() + CANCEL_POLL
             elif keep and now >= next_prune:
                 next_prune = s.clock.monotonic() + (0.0 if _prune(s, keep) else PRUNE_EVERY)
             else:
