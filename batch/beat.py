@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import store
 
+from .calls import StoreCall
 from .context import Context
 from .errors import TargetError
 from .locks import unlocked
@@ -58,15 +59,10 @@ def beat(s: State[C], resume: Resume) -> bool:
     in_flight = [job.id for job in s.rotation if job.running]
     room = s.room()
     s.want_room = False
-    # Kept for the jobs this beat takes until they join the rotation.
-    reserved = room or 0
-    s.reserved += reserved
-    # Until the jobs taken are adopted: a cancel meanwhile is noted there.
-    s.cancelled_in_beat = set()
-    pause_changes = s.pause_changes
-    s.due_soon = math.inf
     trouble = s.trouble("the beat")
-    try:
+    # Holds the room for the jobs this beat takes until they join the
+    # rotation; notes a cancel meanwhile until they are adopted.
+    with s.calls.under_way(room or 0) as call:
         try:
             with unlocked(s.lock):
                 got = s.ledger.beat_runner(
@@ -84,7 +80,7 @@ def beat(s: State[C], resume: Resume) -> bool:
             s.due_at = math.inf
             return False
         trouble.ok()
-        s.due_at = min(math.inf if got.due is None else started + got.due, s.due_soon)
+        s.due_at = min(math.inf if got.due is None else started + got.due, call.due)
         for job_id, owner, home in got.cancelled:
             # Never ran: told here, once, as a cancel through this runner is.
             s.ended(job_id, owner, JobStatus.CANCELLED, None)
@@ -93,7 +89,7 @@ def beat(s: State[C], resume: Resume) -> bool:
         if s.closed:
             return True  # what it took is released when the runner retires
         s.valid_until = started + lapse
-        s.paused_in_store(got.paused, pause_changes)
+        s.paused_in_store(got.paused, call)
         s.wake_worker()
         for job in s.rotation:
             if job.id not in known or job.lost:
@@ -111,20 +107,16 @@ def beat(s: State[C], resume: Resume) -> bool:
                         "runner %s lost the lease of job %s to another runner", s.id, job.id
                     )
                 s.halt(job, lost=True)
-        _adopt(s, [(row, store.Lease(s.id, token)) for row, token in got.taken], resume)
-        s.reserved -= reserved
-        reserved = 0
+        _adopt(s, [(row, store.Lease(s.id, token)) for row, token in got.taken], resume, call)
+        call.places = 0  # the jobs it took joined
         _take_up(s, got.held, known, resume)
         return True
-    finally:
-        s.reserved -= reserved
-        s.cancelled_in_beat = None
 
 
 def _take_up(s: State[C], held: dict[str, int], known: set[str], resume: Resume) -> None:
     """Adopt the jobs the store leases to this runner (``held``, by the beat
     just made) that it does not run: in no rotation, not being stored by a
-    submit (``State.adding``), and not known before the beat (one that left
+    submit under way (``State.calls``), and not known before the beat (one that left
     meanwhile ended or was lost; should its lease be held here all the
     same, the next beat, which does not know it, takes it up).
 
@@ -145,7 +137,7 @@ def _take_up(s: State[C], held: dict[str, int], known: set[str], resume: Resume)
     orphans = [
         job_id
         for job_id in held
-        if job_id not in known and job_id not in s.adding and s.rotation.get(job_id) is None
+        if job_id not in known and not s.calls.storing(job_id) and s.rotation.get(job_id) is None
     ]
     room = s.room()
     if room is not None:
@@ -153,8 +145,7 @@ def _take_up(s: State[C], held: dict[str, int], known: set[str], resume: Resume)
     if not orphans:
         return
     trouble = s.trouble("reading the jobs a runner holds and does not run")
-    s.reserved += len(orphans)
-    try:
+    with s.calls.under_way(len(orphans)) as call:
         try:
             with unlocked(s.lock):
                 seen = s.ledger.job_leases(orphans)
@@ -184,19 +175,22 @@ def _take_up(s: State[C], held: dict[str, int], known: set[str], resume: Resume)
                 job_id,
             )
             taken.append((row, store.Lease(s.id, token)))
-        _adopt(s, taken, resume)
-    finally:
-        s.reserved -= len(orphans)
+        _adopt(s, taken, resume, call)
 
 
-def _adopt(s: State[C], taken: list[tuple[store.JobRow, store.Lease]], resume: Resume) -> None:
+def _adopt(
+    s: State[C],
+    taken: list[tuple[store.JobRow, store.Lease]],
+    resume: Resume,
+    call: StoreCall,
+) -> None:
     """Run each job just leased to this runner (with that lease) from its
     first pending target, or end it ``interrupted`` if no caller can be had
     for it or nothing is pending. Its caller is the one it was submitted
     with, if it waited for room here; else what ``Config.resume`` gives
     (asked once per caller id, with the lock released: user code never runs
-    under it); else None. A job cancelled meanwhile (noted in
-    ``cancelled_in_beat``) joins halted. Lock held; released while
+    under it); else None. A job cancelled since ``call`` (which took it)
+    began joins halted. Lock held; released while
     ``resume`` runs and while the store ends jobs.
     """
     if not taken:
@@ -216,7 +210,7 @@ def _adopt(s: State[C], taken: list[tuple[store.JobRow, store.Lease]], resume: R
         if s.closed:
             return  # what it took is released when the runner retires
         job = _run_or_end(s, row, lease, kept[k] if k in kept else resumed.get(row.owner))
-        if job is not None and s.cancelled_in_beat is not None and job.id in s.cancelled_in_beat:
+        if job is not None and job.id in call.cancelled:
             s.halt(job)
 
 

@@ -181,16 +181,16 @@ def _look(s: State[C]) -> None:
     """Halt the jobs this runner holds that were cancelled through another,
     and pause or unpause as the store says."""
     trouble = s.trouble("looking for cancelled jobs")
-    changes = s.pause_changes
-    try:
-        with unlocked(s.lock):
-            look = s.ledger.look(s.id)
-    except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
-        trouble.failed("cannot look for cancelled jobs; trying again")
-        return
+    with s.calls.under_way() as call:
+        try:
+            with unlocked(s.lock):
+                look = s.ledger.look(s.id)
+        except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
+            trouble.failed("cannot look for cancelled jobs; trying again")
+            return
     trouble.ok()
     for job_id in look.halted:
         job = s.rotation.get(job_id)
         if job is not None:
             s.halt(job)
-    s.paused_in_store(look.paused, changes)
+    s.paused_in_store(look.paused, call)

@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 import store
 
 from . import beat, checks, explain, tracing, waits
+from .calls import StoreCall
 from .clock import SYSTEM, Clock
 from .context import Context
 from .errors import InvalidJob, JobNotFound, RunnerClosed, StoreFailed, store_failed
@@ -223,17 +224,17 @@ class Runner(Generic[C]):
             return ids
         bounded = s.config.max_live is not None
         with s.lock:
-            # Room is decided under the lock and kept for these jobs until
-            # they join (reserved); jobs with none wait, their caller kept.
+            # Room is decided under the lock and held for these jobs by the
+            # call until they join; jobs with none wait, their caller kept.
+            # Those that join are leased to this runner as they are stored:
+            # a beat that finds them held before they join must not take
+            # them up (``State.calls``).
             free = s.room()
             room = 0 if later is not None else len(jobs) if free is None else min(free, len(jobs))
-            s.reserved += room if bounded else 0
+            call = s.calls.open(room if bounded else 0, ids[:room])
             if room < len(jobs):
                 held = s.waiting.get(owner)
                 s.waiting[owner] = (caller, len(jobs) - room + (held[1] if held else 0))
-            # Leased to this runner as they are stored: a beat that finds
-            # them held before they join must not take them up.
-            s.adding.update(ids[:room])
         # Stored without the lock (workers go on meanwhile): new jobs are no
         # other thread's business until they join the rotation. If close
         # comes between, they join a closed runner's rotation and stay live
@@ -259,7 +260,7 @@ class Runner(Generic[C]):
             # The jobs may be stored all the same (the answer to the commit was
             # lost): then the next beat finds them leased to this runner
             # and not in its rotation, and takes them up (beat._take_up).
-            self._unsubmit(owner, ids[:room], len(jobs) - room)
+            self._unsubmit(owner, call, len(jobs) - room)
             if isinstance(e, StoreFailed) and isinstance(e.__cause__, store.NotFound):
                 raise InvalidJob(str(e.__cause__)) from None  # a job to wait after
             raise
@@ -271,8 +272,7 @@ class Runner(Generic[C]):
         with s.lock:
             if later is not None and any(made):
                 s.due(later.not_before)  # or at once: what it waits after may have ended
-            s.adding.difference_update(ids[:room])
-            s.reserved -= room if bounded else 0
+            s.calls.close(call)
             if not all(made[room:]):
                 s.unwait(owner, made[room:].count(False))
             joining = [
@@ -284,13 +284,12 @@ class Runner(Generic[C]):
                 s.add(joining)
         return stored
 
-    def _unsubmit(self, owner: str, joining: list[str], waiting: int) -> None:
-        """Jobs of a submit that raised: neither the room kept for those
-        ``joining`` nor the caller kept for the ``waiting`` is theirs."""
+    def _unsubmit(self, owner: str, call: StoreCall, waiting: int) -> None:
+        """Jobs of a submit that raised: neither the room ``call`` held for
+        those joining nor the caller kept for the ``waiting`` is theirs."""
         s = self._s
         with s.lock:
-            s.adding.difference_update(joining)
-            s.reserved -= len(joining) if s.config.max_live is not None else 0
+            s.calls.close(call)
             if waiting:
                 s.unwait(owner, waiting)
 

@@ -18,6 +18,7 @@ import store
 from store.ledger import Ledger
 
 from .attempt import Outcome
+from .calls import Calls, StoreCall
 from .clock import Clock
 from .context import Context
 from .ends import Ends
@@ -109,7 +110,7 @@ class State(Generic[C]):
        back, and leaves only if the store says another runner holds it,
        it is gone, or it ended (``commit``); a live job the store leases to
        this runner that is not in the rotation, nor about to join it
-       (``adding``), is taken up by the next beat that finds it so
+       (stored by a submit under way: ``calls``), is taken up by the next beat that finds it so
        (``keeper``).
     """
 
@@ -165,29 +166,15 @@ class State(Generic[C]):
         # by caller id, with how many such jobs each has.
         self.waiting: dict[str, tuple[C, int]] = {}
         self.want_room = False  # room freed while jobs may wait: beat soon
-        # Places in the rotation promised (to a submit storing its job, to a
-        # beat taking jobs) and not yet filled: Config.max_live counts them.
-        self.reserved = 0
-        # From a beat's store call until the jobs it took are adopted (None
-        # otherwise; the lock is released meanwhile): jobs cancelled through
-        # this runner or another of this process, which that beat may have
-        # taken before the cancel and must not start.
-        self.cancelled_in_beat: set[str] | None = None
-        # Jobs a submit is storing leased to this runner, to join the
-        # rotation once stored: a beat meanwhile may find them held, and must
-        # not take them up as jobs this runner holds and does not run.
-        self.adding: set[str] = set()
-        # What is paused (``Runner.pause``), as the rotation holds it; and
-        # how many times this runner changed it: a beat applies what it
-        # read of the store only if that did not change meanwhile (its read
-        # may predate the change).
+        # The store calls under way with the lock let go mid-transition
+        # (a beat, a look, a submit storing its jobs): the room they hold,
+        # and what happened meanwhile that wins over what they read.
+        self.calls = Calls()
+        # What is paused (``Runner.pause``), as the rotation holds it.
         self.pauses: frozenset[tuple[str, str]] = frozenset()
-        self.pause_changes = 0
         # When the next deferred job is due (monotonic; inf: none known), as
-        # the last beat read it or sooner by a submit (``due``); and the
-        # soonest a submit said since the beat under way began.
+        # the last beat read it or sooner by a submit (``due``).
         self.due_at = math.inf
-        self.due_soon = math.inf
         # By kind of store call, its failures in a row (see batch.trouble).
         self.troubles: dict[str, Trouble] = {}
         self.valid_until = clock.monotonic() + config.takeover_after
@@ -324,16 +311,17 @@ class State(Generic[C]):
     def pause(self, pauses: frozenset[tuple[str, str]], *, mine: bool = False) -> None:
         """What is paused is ``pauses`` from now on (``mine``: a change this
         runner made); jobs a lifted pause held may start."""
-        self.pause_changes += mine
+        if mine:
+            self.calls.paused()
         self.pauses = pauses
         if self.rotation.pause(pauses):
             self.wake_worker()
 
-    def paused_in_store(self, paused: store.Paused, changes: int) -> None:
-        """What is paused is what a read of the store found, unless this
-        runner paused or unpaused since ``changes`` (its count then): the
-        read may predate that."""
-        if self.pause_changes == changes:
+    def paused_in_store(self, paused: store.Paused, call: StoreCall) -> None:
+        """What is paused is what ``call`` read of the store, unless this
+        runner paused or unpaused while it was under way: the read may
+        predate that."""
+        if not call.paused:
             self.pause(
                 frozenset(
                     [("caller", name) for name in paused.callers]
@@ -345,7 +333,7 @@ class State(Generic[C]):
         """A job this runner submitted is due at ``not_before`` (epoch
         seconds): the keeper beats then, to release and take it."""
         at = self.clock.monotonic() + max(0.0, not_before - time.time())
-        self.due_soon = min(self.due_soon, at)
+        self.calls.due(at)
         if at < self.due_at:
             self.due_at = at
             self.chores.notify()
@@ -353,7 +341,7 @@ class State(Generic[C]):
     def room(self) -> int | None:
         """How many more jobs may join the rotation (None: no limit)."""
         most = self.config.max_live
-        return None if most is None else max(0, most - len(self.rotation) - self.reserved)
+        return None if most is None else max(0, most - len(self.rotation) - self.calls.places())
 
     def wake_worker(self) -> None:
         """A job may start now, or at a retry time the sleepers may not know
@@ -395,8 +383,8 @@ class State(Generic[C]):
         job = self.rotation.get(job_id)
         if job is not None:
             self.halt(job)
-        elif self.cancelled_in_beat is not None:
-            self.cancelled_in_beat.add(job_id)
+        else:
+            self.calls.cancelled(job_id)
 
     def trouble(self, what: str) -> Trouble:
         """The failures in a row of the store calls ``what`` (lock held)."""
