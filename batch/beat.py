@@ -75,9 +75,10 @@ def beat(s: State[C], resume: Resume) -> bool:
                 )
         except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
             trouble.failed("cannot renew the leases of runner %s; trying again", s.id)
-            # No due time is known until a beat reads it again: the keeper
-            # tries again at its own pace.
-            s.due_at = math.inf
+            # No due time is known until a beat reads it again, but for
+            # those submitted meanwhile: the keeper tries again at its own
+            # pace, or then.
+            s.due_at = call.due
             return False
         trouble.ok()
         s.due_at = min(math.inf if got.due is None else started + got.due, call.due)

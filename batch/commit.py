@@ -162,11 +162,14 @@ def _save(s: State[C], ended: list[tuple[LiveJob[C], Outcome]]) -> None:
         return
 
     def write() -> tuple[list[store.TargetOutcome], store.Stored]:
-        # Cancel may come while the store refuses: decide each time.
+        # Cancel may come while the store refuses: decide each time, under
+        # the lock; store with it released.
         outcomes = [_stored(job, o) for job, o in ended]
-        return outcomes, s.ledger.store_targets(
-            outcomes, max_bytes=s.config.max_bytes, starting=starting
-        )
+        with unlocked(s.lock):
+            stored = s.ledger.store_targets(
+                outcomes, max_bytes=s.config.max_bytes, starting=starting
+            )
+        return outcomes, stored
 
     answer = _ask(
         s,
@@ -225,10 +228,15 @@ def _resync(s: State[C], refused: list[tuple[LiveJob[C], Outcome, store.StoreErr
     them as the store has them).
     """
     ids = [job.id for job, _, _ in refused]
+
+    def read() -> dict[str, tuple[store.JobRow, str | None, int]]:
+        with unlocked(s.lock):
+            return s.ledger.job_leases(ids)
+
     seen = _ask(
         s,
         s.trouble("reading the jobs of refused outcomes"),
-        lambda: s.ledger.job_leases(ids),
+        read,
         failing=("cannot learn who holds %d job(s) whose outcome the store refused", len(ids)),
         closing=(
             "runner closing: cannot learn who holds %d job(s) whose outcome the store"
@@ -254,18 +262,19 @@ def _ask(
     closing: tuple[str, int],
     again: bool = True,
 ) -> T | None:
-    """``call()`` with the lock released, asked again while the store
-    fails it (whatever it or its driver raises: no worker dies of it),
-    after ``BACKOFF_FIRST`` seconds, doubling up to ``BACKOFF_MAX``; its
-    answer. None, with the failure logged, once the runner is closing
-    (``closing``: the message and its count) or at the first failure if
-    not asked ``again``; each failure before is ``failing``. Called with the
-    lock held, which it holds again when it returns."""
+    """``call()``'s answer (``call`` is made with the lock held, and
+    releases it while the store works), asked again while the store fails
+    it (whatever it or its driver raises: no worker dies of it), after
+    ``BACKOFF_FIRST`` seconds, doubling up to ``BACKOFF_MAX``, each failure
+    logged as ``failing`` (its message and count). None once the runner is
+    closing (the failure logged as ``closing``), or, not asked ``again``,
+    at the first failure (not logged: the caller gives back what it was
+    for). ``call`` never answers None. Called with the lock held, which it
+    holds again when it returns."""
     delay = BACKOFF_FIRST
     while True:
         try:
-            with unlocked(s.lock):
-                answer = call()
+            answer = call()
         except Exception:  # whatever the store or its driver raises: no worker dies of it
             if s.closed:
                 log.exception(*closing)

@@ -60,23 +60,30 @@ def keep(s: State[C], resume: Resume) -> None:
         shared = False  # the store holds rows of this runner's upstreams
         while not s.stopping:
             now = s.clock.monotonic()
+            starting = bool(s.starting) and now >= s.starting_since + START_DELAY
+            syncing = paces is not None and (paces.fresh or now >= next_sync)
+            asked = s.want_room or now >= s.due_at  # a beat wanted before its time
             if now >= next_poll and len(s.rotation):
                 # First of the chores, and on a cadence of its own (from
                 # when the last look began): how soon a pause or a cancel
                 # of another process reaches this runner rests on it. A
-                # look slower than the cadence leaves the others a turn.
+                # look slower than half the cadence leaves the others a
+                # turn (it is never made twice in a row).
                 _look(s)
                 next_poll = max(now, s.clock.monotonic() - CANCEL_POLL / 2) + CANCEL_POLL
-            elif s.starting and now >= s.starting_since + START_DELAY:
-                _store_starting(s)
-            elif paces is not None and (paces.fresh or now >= next_sync):
-                shared = _sync_upstreams(s, shared)
-                next_sync = s.clock.monotonic() + PACE_SYNC
-            elif now >= next_beat or s.want_room or now >= s.due_at:
-                # A beat the store refused is tried again soon: the gap a
-                # stall leaves must be seen by the first beat after it.
+            elif now >= next_beat or (asked and not (starting or syncing)):
+                # On its time the beat comes before the writes below, which
+                # a slow store and jobs starting all the time could keep
+                # due: the leases are renewed whatever else waits. A beat
+                # the store refused is tried again soon: the gap a stall
+                # leaves must be seen by the first beat after it.
                 again = interval if beat(s, resume) else min(interval, RETRY_BEAT)
                 next_beat = s.clock.monotonic() + again
+            elif starting:
+                _store_starting(s)
+            elif syncing:
+                shared = _sync_upstreams(s, shared)
+                next_sync = s.clock.monotonic() + PACE_SYNC
             elif keep and now >= next_prune:
                 next_prune = s.clock.monotonic() + (0.0 if _prune(s, keep) else PRUNE_EVERY)
             else:
@@ -188,9 +195,9 @@ def _look(s: State[C]) -> None:
         except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
             trouble.failed("cannot look for cancelled jobs; trying again")
             return
-    trouble.ok()
-    for job_id in look.halted:
-        job = s.rotation.get(job_id)
-        if job is not None:
-            s.halt(job)
-    s.paused_in_store(look.paused, call)
+        trouble.ok()
+        for job_id in look.halted:
+            job = s.rotation.get(job_id)
+            if job is not None:
+                s.halt(job)
+        s.paused_in_store(look.paused, call)

@@ -223,6 +223,7 @@ class Runner(Generic[C]):
         if not jobs:
             return ids
         bounded = s.config.max_live is not None
+        trace = tracing.current() if s.config.tracing else None
         with s.lock:
             # Room is decided under the lock and held for these jobs by the
             # call until they join; jobs with none wait, their caller kept.
@@ -239,7 +240,6 @@ class Runner(Generic[C]):
         # other thread's business until they join the rotation. If close
         # comes between, they join a closed runner's rotation and stay live
         # in the store for the next runner, like any unfinished job.
-        trace = tracing.current() if s.config.tracing else None
         try:
             with store_failed():
                 stored = s.ledger.create_jobs(
@@ -264,15 +264,15 @@ class Runner(Generic[C]):
             if isinstance(e, StoreFailed) and isinstance(e.__cause__, store.NotFound):
                 raise InvalidJob(str(e.__cause__)) from None  # a job to wait after
             raise
-        # A job whose key was used already was not stored: it neither joins
-        # nor waits.
-        made = [own == got for own, got in zip(ids, stored, strict=True)]
         started = s.clock.monotonic()
         lease = store.Lease(s.id, 1)
         with s.lock:
+            s.calls.close(call)
+            # A job whose key was used already was not stored: it neither
+            # joins nor waits.
+            made = [own == got for own, got in zip(ids, stored, strict=True)]
             if later is not None and any(made):
                 s.due(later.not_before)  # or at once: what it waits after may have ended
-            s.calls.close(call)
             if not all(made[room:]):
                 s.unwait(owner, made[room:].count(False))
             joining = [
