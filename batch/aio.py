@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import importlib.util
 import logging
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from . import commit, tracing, worker
-from .attempt import attempt_async
+from . import commit, timeouts, tracing, worker
+from .attempt import Outcome, attempt_async
 from .clock import SYSTEM
 from .context import Context
 from .idle import Sleeper
@@ -85,9 +86,12 @@ class Workers(Generic[C]):
         s = self.s
         job: LiveJob[C] | None = None
         outcome = None
+        limited = s.config.timeout is not None
         while True:
             with s.lock:
                 if job is not None and outcome is not None:
+                    if limited:
+                        job.renew(s.ctx)
                     commit.finished(s, job, outcome)
                 job = None if s.closed else worker.take(s)
                 if job is None:
@@ -102,14 +106,20 @@ class Workers(Generic[C]):
                     continue
             if self.s.config.tracing and tracing.fetches_recorded():
                 with tracing.span(job) as told:
-                    outcome = await attempt_async(
-                        self.fetch, job.ctx, job.caller, job.targets[job.next]
-                    )
+                    outcome = await self._attempt(job, limited)
                     told.append(outcome)
             else:
-                outcome = await attempt_async(
-                    self.fetch, job.ctx, job.caller, job.targets[job.next]
-                )
+                outcome = await self._attempt(job, limited)
+
+    def _attempt(self, job: LiveJob[C], limited: bool) -> Awaitable[Outcome]:
+        """One fetch of ``job``'s next target, under the time limit if
+        ``limited``."""
+        if limited:
+            run = functools.partial(
+                attempt_async, self.fetch, job.ctx, job.caller, job.targets[job.next]
+            )
+            return timeouts.timed(self.s, job, run)
+        return attempt_async(self.fetch, job.ctx, job.caller, job.targets[job.next])
 
     def _sleep(self) -> None:
         """Coroutines are parked: the loop's sleeper joins the idle workers,

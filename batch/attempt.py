@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -13,9 +14,9 @@ from typing import TypeVar
 from .context import Context
 from .errors import RetryLater, TargetError
 from .model import Target
-from .states import TargetState
+from .states import Reason, TargetState
 
-__all__ = ["INTERNAL_ERROR", "Outcome", "attempt", "attempt_async"]
+__all__ = ["INTERNAL_ERROR", "TIMED_OUT", "Outcome", "attempt", "attempt_async"]
 
 log = logging.getLogger("batch")
 
@@ -26,6 +27,10 @@ T = TypeVar("T")
 #: with options builds an encoder per call).
 _COMPACT = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 _ESCAPED = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+#: The error stored for a target whose fetch ran past ``Config.timeout``
+#: and was abandoned (``batch.timeouts``).
+TIMED_OUT = "timed out"
 
 #: What is stored for a fetch that raised something unexpected: its text might
 #: carry secrets or internals, so it goes to the log and never to the store.
@@ -102,6 +107,10 @@ async def attempt_async(
     start = time.monotonic()
     try:
         value = await fetch(ctx, caller, target)
+    except asyncio.CancelledError as exc:
+        if ctx.reason is Reason.TIMED_OUT:  # its task, cancelled past the time limit
+            return Outcome(TargetState.FAILED, time.monotonic() - start, error=TIMED_OUT)
+        return _guarded(_failure, exc, start, target)
     except BaseException as exc:  # noqa: BLE001 - as attempt(), the loop's task included
         return _guarded(_failure, exc, start, target)
     return _guarded(_success, value, start, target)

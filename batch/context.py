@@ -18,8 +18,10 @@ _LOCK = threading.Lock()
 
 class Context:
     """Cancellation as a fetch sees it: each job's fetches get the context of
-    their job, cancelled once the job is cancelled or the runner closes
-    (``reason`` says which, the first to come). It is never un-cancelled. A
+    their job, cancelled once the job is cancelled, the runner closes, or
+    the fetch runs past ``Config.timeout`` (``reason`` says which, the
+    first to come; after a time limit the job's next fetch gets a fresh
+    context). It is never un-cancelled. A
     long fetch should check it, or wait on it instead of sleeping, and
     return (or raise) soon after it is cancelled; what it returns then is
     stored as usual.
@@ -38,13 +40,15 @@ class Context:
 
     @property
     def reason(self) -> Reason | None:
-        """None while not cancelled; then ``"closed"`` or ``"cancelled"``."""
+        """None while not cancelled; then ``"closed"``, ``"cancelled"`` or
+        ``"timed out"``."""
         if self._reason is not None or self._parent is None:
             return self._reason
         return self._parent.reason
 
     def cancelled(self) -> bool:
-        """True once the runner is closing or the fetch's job was cancelled."""
+        """True once the runner is closing, the fetch's job was cancelled,
+        or the fetch ran past its time limit."""
         return self.reason is not None
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -56,6 +56,10 @@ class Hooks:
     def upstream_released(self, upstream: str) -> None:
         """The hold of ``upstream`` is over: a target of it started again."""
 
+    def abandoned(self, n: int) -> None:
+        """The fetches abandoned at ``Config.timeout`` that have not returned
+        yet changed to ``n``."""
+
     def ended(self, job_id: str, owner: str, status: JobStatus) -> None:
         """Job ``job_id`` of caller ``owner`` became terminal with ``status``:
         once per job, beside :meth:`job`, for hooks that want to know which."""

@@ -15,6 +15,7 @@ from .beat import Resume, beat
 from .commit import give_back_starting, take_starting
 from .locks import unlocked
 from .state import State
+from .timeouts import all_hung
 
 __all__ = ["CANCEL_POLL", "keep", "on_notice"]
 
@@ -77,6 +78,12 @@ def keep(s: State[C], resume: Resume) -> None:
                 # due: the leases are renewed whatever else waits. A beat
                 # the store refused is tried again soon: the gap a stall
                 # leaves must be seen by the first beat after it.
+                if all_hung(s):
+                    # Every worker is stuck in a fetch past its time limit:
+                    # no beat until one returns (which tells ``chores``),
+                    # so the leases lapse and other runners take the jobs.
+                    s.wait(s.chores, interval)
+                    continue
                 again = interval if beat(s, resume) else min(interval, RETRY_BEAT)
                 next_beat = s.clock.monotonic() + again
             elif starting:

@@ -85,6 +85,11 @@ class Metrics(Hooks):
         r = self.registry
         self._live = Gauge("batch_live_jobs", "Live jobs the runner holds.", registry=r)
         self._inflight = Gauge("batch_inflight_targets", "Targets being fetched now.", registry=r)
+        self._abandoned = Gauge(
+            "batch_abandoned_fetches",
+            "Fetches abandoned at their time limit that have not returned yet.",
+            registry=r,
+        )
         self._targets = Counter(
             "batch_targets", "Targets stored, by outcome.", ["outcome"], registry=r
         )
@@ -137,6 +142,9 @@ class Metrics(Hooks):
 
     def inflight(self, n: int) -> None:
         self._inflight.set(n)
+
+    def abandoned(self, n: int) -> None:
+        self._abandoned.set(n)
 
     def target(self, err: BaseException | None, seconds: float, nbytes: int) -> None:
         (self._done if err is None else self._failed).inc()

@@ -281,6 +281,13 @@ class Config:
       status is kept (``{"done": 3600, "failed": 7 * 86400}``); the runner
       prunes older ones in small batches (``Store.prune``), beside the
       byte budget. A status not named is kept until evicted.
+    - ``timeout``: the most seconds one fetch may take (None: no limit).
+      At the limit its context is cancelled; what it returns within
+      ``batch.timeouts.GRACE`` (0.5 s) more is stored as it returned. One
+      that has not returned by then is abandoned: its target is stored
+      ``failed`` with the error ``timed out``, the job goes on, and a fresh
+      worker takes its place (an ``async def`` fetch's task is cancelled).
+      ``statistics().abandoned`` counts those not returned yet.
     - ``loop``: the event loop of a runner whose fetch is an ``async def``.
       ``"auto"``: uvloop's where it is installed (``batch-store[speed]``),
       asyncio's own otherwise; ``"uvloop"`` or ``"asyncio"``: that one.
@@ -301,6 +308,7 @@ class Config:
     tracing: bool = True
     keep: Mapping[str, float] | None = None
     loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    timeout: float | None = None
 
     def __post_init__(self) -> None:
         _check_int("workers", self.workers, 1)
@@ -308,11 +316,11 @@ class Config:
         _check_int("max_targets", self.max_targets, 1)
         _check_seconds("retry_wait", self.retry_wait)
         _check_seconds("retry_for", self.retry_for)
-        _check_seconds("takeover_after", self.takeover_after)
+        _check_seconds("takeover_after", self.takeover_after, positive=True)
         if self.max_live is not None:
             _check_int("max_live", self.max_live, 1)
-        if self.takeover_after <= 0:
-            raise ValueError("Config.takeover_after must be more than 0 seconds")
+        if self.timeout is not None:
+            _check_seconds("timeout", self.timeout, positive=True)
         if self.fair not in ("job", "caller"):
             raise ValueError(f"Config.fair must be 'job' or 'caller', not {self.fair!r}")
         if self.weights is not None:
@@ -384,11 +392,13 @@ def _check_keep(keep: object) -> None:
         _check_seconds(f"keep[{status!r}]", seconds)
 
 
-def _check_seconds(name: str, value: object) -> None:
+def _check_seconds(name: str, value: object, *, positive: bool = False) -> None:
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise TypeError(f"Config.{name} must be a number of seconds, not {type(value).__name__}")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"Config.{name} must be a finite number of seconds >= 0, not {value}")
+    if positive and value == 0:
+        raise ValueError(f"Config.{name} must be more than 0 seconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,6 +414,9 @@ class Statistics:
     by status, the jobs that became terminal through it (those it ran to
     their end, those cancelled through it, those it ended as interrupted):
     a dict of this snapshot's own.
+
+    ``abandoned``: fetches abandoned at ``Config.timeout`` that have not
+    returned yet (their threads, or an async fetch's tasks, left behind).
     """
 
     workers: int
@@ -414,6 +427,7 @@ class Statistics:
     stored: int = 0
     retries: int = 0
     ended: Mapping[str, int] = field(default_factory=dict)
+    abandoned: int = 0
 
 
 @dataclass(frozen=True, slots=True)

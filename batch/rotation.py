@@ -183,6 +183,18 @@ class LiveJob(Generic[C]):
         self.cancelled = True
         self.ctx.cancel(Reason.CANCELLED)
 
+    def time_out(self) -> None:
+        """Its fetch in flight ran past the time limit: its context is
+        cancelled (``Reason.TIMED_OUT``) until :meth:`renew`."""
+        self.ctx.cancel(Reason.TIMED_OUT)
+
+    def renew(self, parent: Context) -> None:
+        """Its fetch that ran past the time limit is over: the next gets a
+        fresh context under ``parent``, unless the job was cancelled
+        meanwhile (a cancelled job's context stays cancelled)."""
+        if self.ctx.reason is Reason.TIMED_OUT and not self.cancelled:
+            self.ctx = Context(parent)
+
     def lose(self) -> None:
         """It is not this runner's any more (another holds its lease, it is
         gone, or it ended elsewhere): nothing more of it starts here."""

@@ -431,6 +431,7 @@ class Runner(Generic[C]):
                 stored=s.counts.stored,
                 retries=s.counts.retries,
                 ended=dict(s.counts.ended),
+                abandoned=len(s.hung) + s.abandoned_tasks,
             )
 
     def explain(self, caller: C, job_id: str) -> dict[str, object]:

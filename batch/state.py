@@ -12,7 +12,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import store
 from store.ledger import Ledger
@@ -29,6 +29,9 @@ from .pacing import Paces
 from .rotation import LiveJob, Rotation
 from .states import JobStatus, Reason
 from .trouble import Trouble
+
+if TYPE_CHECKING:
+    from .timeouts import Fetch
 
 __all__ = ["Counts", "State"]
 
@@ -83,6 +86,9 @@ class State(Generic[C]):
       record, and the group commit for quick fetches about to finish
       (``commit.gather``). Notified when a fetch's outcome joins
       ``finished``, and on close.
+    - ``limits``: under ``Config.timeout``, the watch thread waits for the
+      next time limit. Notified when a fetch starts while none was in
+      flight, and on close.
     - ``chores``: the keeper thread waits for its next beat. Notified when a
       job starts (its ``running`` is to be stored), when an upstream is
       paced for the first time or a busy answer holds one (the store's
@@ -187,6 +193,15 @@ class State(Generic[C]):
         # as when close comes while they are stored.
         self.closed = False
         self.stopping = False  # the workers are joined: the keeper retires
+        # Under Config.timeout (batch.timeouts): the fetches in flight, in
+        # start order; the worker threads abandoned in a fetch; how many
+        # of those no fresh worker replaced; an async runner's abandoned
+        # tasks not ended yet. The watch thread waits on ``limits``.
+        self.fetching: dict[Fetch[C], None] = {}
+        self.hung: set[threading.Thread] = set()
+        self.short = 0
+        self.abandoned_tasks = 0
+        self.limits = threading.Condition(self.lock)
 
     # -- transitions of live jobs, all with the lock held ----------------------
 

@@ -18,11 +18,13 @@ __all__ = [
 
 
 class Reason(Word):
-    """Why a fetch's context is cancelled: the runner closes, or the job was
-    cancelled (through any runner on the store)."""
+    """Why a fetch's context is cancelled: the runner closes, the job was
+    cancelled (through any runner on the store), or the fetch ran past
+    ``Config.timeout``."""
 
     CLOSED = "closed"
     CANCELLED = JobStatus.CANCELLED.value
+    TIMED_OUT = "timed out"
 
 
 #: What the command line shows for a job that ended and was evicted by

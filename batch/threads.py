@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from . import aio, keeper, worker
+from . import aio, keeper, timeouts, worker
 from .clock import SYSTEM
 from .context import Context
 from .model import Target
@@ -68,27 +68,50 @@ class Threads:
                 threading.Thread(target=aio.write, args=(s,), name="batch-writer", daemon=True),
             ]
         else:
-            self._workers = [
-                threading.Thread(
-                    target=worker.work, args=(s, fetch), name=f"batch-worker-{i}", daemon=True
-                )
-                for i in range(s.config.workers)
-            ]
+            self._workers = [self._worker(fetch, i) for i in range(s.config.workers)]
+        # Under a time limit, a threaded runner's watch (batch.timeouts).
+        self._watch = (
+            threading.Thread(
+                target=timeouts.watch,
+                args=(s, functools.partial(self._replace, fetch)),
+                name="batch-watch",
+                daemon=True,
+            )
+            if s.config.timeout is not None and not self.is_async
+            else None
+        )
         self._keeper = threading.Thread(
             target=keeper.keep, args=(s, s.config.resume), name="batch-keeper", daemon=True
         )
-        for t in (*self._workers, self._keeper):
+        for t in (*self._workers, *self._others()):
             t.start()
         with _OPEN_LOCK:
             _OPEN.add(s)
         self._unsubscribe = s.ledger.subscribe(functools.partial(keeper.on_notice, s))
 
     def workers(self) -> int:
-        """Worker threads running; for an async fetch, the fetches the event
-        loop may run at once while it runs."""
+        """Worker threads running, those abandoned in a fetch past its time
+        limit not counted; for an async fetch, the fetches the event loop
+        may run at once while it runs. Called with the lock held."""
         if self.is_async:
             return self._s.config.workers if self._workers[0].is_alive() else 0
-        return sum(t.is_alive() for t in self._workers)
+        return sum(t.is_alive() and t not in self._s.hung for t in self._workers)
+
+    def _worker(self, fetch: Callable[[Context, Any, Target], object], i: int) -> threading.Thread:
+        return threading.Thread(
+            target=worker.work, args=(self._s, fetch), name=f"batch-worker-{i}", daemon=True
+        )
+
+    def _replace(self, fetch: Callable[[Context, Any, Target], object]) -> None:
+        """A worker was abandoned in a fetch past its time limit: start a
+        fresh one in its place (lock held)."""
+        fresh = self._worker(fetch, len(self._workers))
+        self._workers.append(fresh)
+        fresh.start()
+
+    def _others(self) -> list[threading.Thread]:
+        """The threads beside the workers: the watch (if any), the keeper."""
+        return [t for t in (self._watch, self._keeper) if t is not None]
 
     def stop(self, deadline: float, timeout: float | None) -> None:
         """Close the runner: start no further target, cancel the fetch
@@ -110,6 +133,7 @@ class Threads:
                 job.ctx.cancel(Reason.CLOSED)
             s.idle.wake_all()
             s.writes.notify_all()
+            s.limits.notify_all()
             s.changed_all()
         finally:
             s.lock.release()
@@ -119,16 +143,18 @@ class Threads:
             self._unsubscribe()
             s.ends.stop(None if deadline == math.inf else _left(deadline))
             me = threading.current_thread()
-            for t in self._workers:
+            # The watch ends once no fetch is in flight, the last outcomes
+            # of those it abandoned recorded.
+            for t in [*self._workers, *([] if self._watch is None else [self._watch])]:
                 if t is not me:
-                    _join(t, deadline)
+                    _join(t, deadline, s.hung)
         except BaseException:
             # Interrupted while the fetches in flight finish (a second
             # Ctrl-C): let the jobs go now, as a closed runner does, so that
             # none stays leased to a runner that will never go on with it.
             self._let_go()
             raise
-        busy = sum(t.is_alive() for t in self._workers if t is not me)
+        busy = sum(t.is_alive() and t not in s.hung for t in self._workers if t is not me)
         if busy:
             raise TimeoutError(f"{busy} workers still in a fetch after {timeout}s")
         if not s.lock.acquire(timeout=_left(deadline)):
@@ -173,11 +199,12 @@ def _is_async(fetch: object) -> bool:
     )
 
 
-def _join(thread: threading.Thread, deadline: float) -> None:
+def _join(thread: threading.Thread, deadline: float, hung: set[threading.Thread]) -> None:
     """Join ``thread`` by ``deadline`` (real time) in short waits: a signal
     that another thread received (a Ctrl-C) is then handled at once by the
-    main thread joining, not when the thread ends."""
-    while thread.is_alive():
+    main thread joining, not when the thread ends. A worker abandoned in a
+    fetch (in ``hung``, read between waits) is not waited for."""
+    while thread.is_alive() and thread not in hung:
         left = JOIN_SLICE if deadline == math.inf else min(JOIN_SLICE, _left(deadline))
         thread.join(left)
         if deadline != math.inf and SYSTEM.monotonic() >= deadline:

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
-from . import commit, tracing
+from . import commit, timeouts, tracing
 from .attempt import attempt
 from .context import Context
 from .hooks import call_hook
@@ -34,9 +34,13 @@ def work(s: State[C], fetch: Callable[[Context, C, Target], object]) -> None:
     """
     job: LiveJob[C] | None = None
     sleeper = ThreadSleeper(s.lock)
+    limited = s.config.timeout is not None
+    timed: timeouts.Fetch[C] | None = None
     try:
         with s.lock:
             job = pick(s, sleeper)
+            if job is not None and limited:
+                timed = timeouts.started(s, job)
         while job is not None:
             if s.config.tracing and tracing.fetches_recorded():
                 with tracing.span(job) as told:
@@ -45,18 +49,23 @@ def work(s: State[C], fetch: Callable[[Context, C, Target], object]) -> None:
             else:
                 outcome = attempt(fetch, job.ctx, job.caller, job.targets[job.next])
             with s.lock:
-                commit.finished(s, job, outcome)
+                if timed is None:
+                    commit.finished(s, job, outcome)
+                elif not timeouts.returned(s, timed, outcome):
+                    return  # abandoned at its time limit, and replaced
                 # Let go of the turn before waiting for the next one: a job
                 # that leaves the rotation must not keep its caller alive here.
                 job = None
                 if not s.writing:
                     commit.record(s)
                 job = pick(s, sleeper)
+                if job is not None and limited:
+                    timed = timeouts.started(s, job)
     except BaseException:
         log.critical("a batch worker thread ended on an error of the runner's own", exc_info=True)
         if job is not None:
             with s.lock:
-                if job.running:
+                if job.running and not (timed is not None and timed.abandoned):
                     s.settle(job)
         raise
 
