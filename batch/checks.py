@@ -121,12 +121,13 @@ def later(not_before: object, after: object, after_ok: object) -> store.Later | 
     return store.Later(float(not_before or 0.0), ids, after_ok)
 
 
-def deadline(timeout: object, clock: Clock) -> float:
-    """The deadline ``timeout`` seconds from now on ``clock`` (inf for None)."""
+def deadline(timeout: object, clock: Clock, name: str = "timeout") -> float:
+    """The deadline ``timeout`` seconds from now on ``clock`` (inf for None);
+    ``name``: what the caller calls it, for the errors."""
     if timeout is None:
         return math.inf
     if not isinstance(timeout, int | float) or isinstance(timeout, bool):
-        raise TypeError(f"timeout is a number of seconds or None, not {type(timeout).__name__}")
+        raise TypeError(f"{name} is a number of seconds or None, not {type(timeout).__name__}")
     if math.isnan(timeout) or timeout < 0:
-        raise ValueError(f"timeout must be >= 0 seconds, not {timeout}")
+        raise ValueError(f"{name} must be >= 0 seconds, not {timeout}")
     return clock.monotonic() + timeout

@@ -525,7 +525,7 @@ class Runner(Generic[C]):
         with s.lock:
             return named + [state.name for state in s.rotation.upstreams(s.clock.monotonic())]
 
-    def close(self, timeout: float | None = None) -> None:
+    def close(self, timeout: float | None = None, *, grace: float | None = None) -> None:
         """Stop: start no further target, cancel the fetch context, store what
         the fetches in flight return, join the workers, and release this
         runner's leases. Pending targets stay ``pending`` and their jobs stay
@@ -534,8 +534,16 @@ class Runner(Generic[C]):
         Returns or raises within ``timeout`` seconds, whatever a fetch or a
         hook does: ``TimeoutError`` if a worker is still in a fetch (or a
         hook holds the runner) by then; calling again waits again.
+
+        ``grace`` (seconds) makes the close a drain, as a worker process
+        stopping for a deploy wants: the fetches in flight go on uncancelled
+        for up to ``grace`` seconds, and only then see their context
+        cancelled; a fetch still in flight when ``timeout`` passes is given
+        up: the runner's jobs are released to other runners at once (that
+        target is fetched again there) and ``TimeoutError`` raised.
         """
-        self._threads.stop(checks.deadline(timeout, SYSTEM), timeout)
+        drain = None if grace is None else checks.deadline(grace, SYSTEM, "grace")
+        self._threads.stop(checks.deadline(timeout, SYSTEM), timeout, drain)
 
     def __enter__(self) -> Runner[C]:
         return self

@@ -113,14 +113,57 @@ class Threads:
         """The threads beside the workers: the watch (if any), the keeper."""
         return [t for t in (self._watch, self._keeper) if t is not None]
 
-    def stop(self, deadline: float, timeout: float | None) -> None:
+    def stop(self, deadline: float, timeout: float | None, drain: float | None = None) -> None:
         """Close the runner: start no further target, cancel the fetch
         context, let the workers store what the fetches in flight return and
         join them, then stop the keeper, which releases the leases. Returns
         or raises ``TimeoutError`` by ``deadline`` (on the system clock;
-        ``timeout`` seconds from the call); calling again waits again."""
+        ``timeout`` seconds from the call); calling again waits again.
+
+        A ``drain`` (a time on the system clock) makes it a drain: the
+        fetch context is cancelled only once the fetches in flight have had
+        until then to return; and should one still be in flight by
+        ``deadline``, the runner's jobs are released to other runners
+        (:meth:`_let_go`) before ``TimeoutError`` is raised."""
         s = self._s
-        s.ctx.cancel()
+        if drain is None:
+            s.ctx.cancel()
+        self._close(deadline, timeout, cancel=drain is None)
+        me = threading.current_thread()
+        # The watch ends once no fetch is in flight, the last outcomes of
+        # those it abandoned recorded.
+        waited = [t for t in (*self._workers, self._watch) if t is not None and t is not me]
+        try:
+            with _OPEN_LOCK:
+                _OPEN.discard(s)
+            self._unsubscribe()
+            s.ends.stop(None if deadline == math.inf else _left(deadline))
+            if drain is not None:
+                for t in waited:
+                    _join(t, min(deadline, drain), s.hung)
+                self._cancel(deadline, timeout)
+            for t in waited:
+                _join(t, deadline, s.hung)
+        except BaseException:
+            # Interrupted while the fetches in flight finish (a second
+            # Ctrl-C): let the jobs go now, as a closed runner does, so that
+            # none stays leased to a runner that will never go on with it.
+            self._let_go()
+            raise
+        busy = sum(t.is_alive() and t not in s.hung for t in self._workers if t is not me)
+        if busy and drain is not None:
+            self._let_go()
+            raise TimeoutError(
+                f"{busy} workers still in a fetch after {timeout}s: their jobs are released"
+            )
+        if busy:
+            raise TimeoutError(f"{busy} workers still in a fetch after {timeout}s")
+        self._retire(deadline, timeout)
+
+    def _close(self, deadline: float, timeout: float | None, *, cancel: bool) -> None:
+        """Start no further target (``cancel``: and cancel the context of
+        every job), and wake whoever waits to learn it."""
+        s = self._s
         if not s.lock.acquire(timeout=_left(deadline)):
             # Closing begins all the same: a worker reads ``closed`` under
             # the lock before it starts a target, so none starts once the
@@ -129,34 +172,34 @@ class Threads:
             raise TimeoutError(f"a hook held the runner for longer than {timeout}s")
         try:
             s.closed = True
-            for job in s.rotation:
-                job.ctx.cancel(Reason.CLOSED)
+            if cancel:
+                self._cancel_jobs()
             s.idle.wake_all()
             s.writes.notify_all()
             s.limits.notify_all()
             s.changed_all()
         finally:
             s.lock.release()
+
+    def _cancel(self, deadline: float, timeout: float | None) -> None:
+        """A drain's grace is over: cancel the context of every fetch."""
+        s = self._s
+        s.ctx.cancel()
+        if not s.lock.acquire(timeout=_left(deadline)):
+            raise TimeoutError(f"a hook held the runner for longer than {timeout}s")
         try:
-            with _OPEN_LOCK:
-                _OPEN.discard(s)
-            self._unsubscribe()
-            s.ends.stop(None if deadline == math.inf else _left(deadline))
-            me = threading.current_thread()
-            # The watch ends once no fetch is in flight, the last outcomes
-            # of those it abandoned recorded.
-            for t in [*self._workers, *([] if self._watch is None else [self._watch])]:
-                if t is not me:
-                    _join(t, deadline, s.hung)
-        except BaseException:
-            # Interrupted while the fetches in flight finish (a second
-            # Ctrl-C): let the jobs go now, as a closed runner does, so that
-            # none stays leased to a runner that will never go on with it.
-            self._let_go()
-            raise
-        busy = sum(t.is_alive() and t not in s.hung for t in self._workers if t is not me)
-        if busy:
-            raise TimeoutError(f"{busy} workers still in a fetch after {timeout}s")
+            self._cancel_jobs()
+        finally:
+            s.lock.release()
+
+    def _cancel_jobs(self) -> None:
+        """Cancel the context of every job of the rotation (lock held)."""
+        for job in self._s.rotation:
+            job.ctx.cancel(Reason.CLOSED)
+
+    def _retire(self, deadline: float, timeout: float | None) -> None:
+        """The workers are joined: stop the keeper, which releases the leases."""
+        s = self._s
         if not s.lock.acquire(timeout=_left(deadline)):
             raise TimeoutError(f"a hook held the runner for longer than {timeout}s")
         try:
