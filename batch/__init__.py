@@ -8,6 +8,7 @@ with store.open("jobs.sqlite3") as db, batch.Runner(db, fetch) as runner:
 
 from store import __version__
 
+from .client import Client
 from .context import Context
 from .errors import (
     BatchError,
@@ -37,6 +38,7 @@ __all__ = [
     "BatchError",
     "Caller",
     "CallerLike",
+    "Client",
     "Config",
     "Context",
     "Fetch",

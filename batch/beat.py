@@ -69,7 +69,9 @@ def beat(s: State[C], resume: Resume) -> bool:
                     s.id,
                     lapse,
                     room=room,
-                    foreign=resume is not None,
+                    # A runner that runs nothing (max_live=0) takes no
+                    # job, not even one to end: as one that resumes any.
+                    foreign=resume is not None or s.config.max_live == 0,
                     keep=in_flight,
                     release=not s.closed,
                 )

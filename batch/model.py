@@ -261,7 +261,9 @@ class Config:
       could not renew for that long.
     - ``max_live``: the most jobs the runner holds at once (None: every job
       submitted through it). Further jobs wait ``queued`` in the store, in
-      submit order, for any runner on the store with room.
+      submit order, for any runner on the store with room. 0: it runs
+      none, and starts no worker: every job submitted through it waits
+      for the runners that resume other callers' jobs (``batch.Client``).
     - ``fair``: who takes turns. ``"job"`` (rule 1): the live jobs, in
       submit order. ``"caller"``: the callers with a live job, in the order
       they came, and then each caller's jobs among themselves in submit
@@ -318,7 +320,7 @@ class Config:
         _check_seconds("retry_for", self.retry_for)
         _check_seconds("takeover_after", self.takeover_after, positive=True)
         if self.max_live is not None:
-            _check_int("max_live", self.max_live, 1)
+            _check_int("max_live", self.max_live, 0)
         if self.timeout is not None:
             _check_seconds("timeout", self.timeout, positive=True)
         if self.fair not in ("job", "caller"):

@@ -233,9 +233,11 @@ class Runner(Generic[C]):
             free = s.room()
             room = 0 if later is not None else len(jobs) if free is None else min(free, len(jobs))
             call = s.calls.open(room if bounded else 0, ids[:room])
-            if room < len(jobs):
+            # A runner that runs nothing (a client) keeps no caller.
+            kept = 0 if s.config.max_live == 0 else len(jobs) - room
+            if kept:
                 held = s.waiting.get(owner)
-                s.waiting[owner] = (caller, len(jobs) - room + (held[1] if held else 0))
+                s.waiting[owner] = (caller, kept + (held[1] if held else 0))
         # Stored without the lock (workers go on meanwhile): new jobs are no
         # other thread's business until they join the rotation. If close
         # comes between, they join a closed runner's rotation and stay live
@@ -260,7 +262,7 @@ class Runner(Generic[C]):
             # The jobs may be stored all the same (the answer to the commit was
             # lost): then the next beat finds them leased to this runner
             # and not in its rotation, and takes them up (beat._take_up).
-            self._unsubmit(owner, call, len(jobs) - room)
+            self._unsubmit(owner, call, kept)
             if isinstance(e, StoreFailed) and isinstance(e.__cause__, store.NotFound):
                 raise InvalidJob(str(e.__cause__)) from None  # a job to wait after
             raise
@@ -273,7 +275,7 @@ class Runner(Generic[C]):
             made = [own == got for own, got in zip(ids, stored, strict=True)]
             if later is not None and any(made):
                 s.due(later.not_before)  # or at once: what it waits after may have ended
-            if not all(made[room:]):
+            if kept and not all(made[room:]):
                 s.unwait(owner, made[room:].count(False))
             joining = [
                 LiveJob(job_id, owner, caller, targets, started, lease, Context(s.ctx), trace)

@@ -68,7 +68,8 @@ class Threads:
                 threading.Thread(target=aio.write, args=(s,), name="batch-writer", daemon=True),
             ]
         else:
-            self._workers = [self._worker(fetch, i) for i in range(s.config.workers)]
+            runs = s.config.max_live != 0  # a client's runs nothing
+            self._workers = [self._worker(fetch, i) for i in range(s.config.workers * runs)]
         # Under a time limit, a threaded runner's watch (batch.timeouts).
         self._watch = (
             threading.Thread(
