@@ -22,7 +22,7 @@ from .rotation import LiveJob
 from .state import State
 from .states import LIVE_JOB, JobStatus, TargetState
 
-__all__ = ["INTERRUPTED_HINT", "Resume", "beat"]
+__all__ = ["INTERRUPTED_HINT", "TROUBLE", "Resume", "beat"]
 
 log = logging.getLogger("batch")
 
@@ -35,6 +35,9 @@ INTERRUPTED_HINT = (
 )
 
 Resume = Callable[[str], Any] | None
+
+#: The kind of store call a beat is, for its failures (``State.trouble``).
+TROUBLE = "the beat"
 
 
 def beat(s: State[C], resume: Resume) -> bool:
@@ -59,7 +62,7 @@ def beat(s: State[C], resume: Resume) -> bool:
     in_flight = [job.id for job in s.rotation if job.running]
     room = s.room()
     s.want_room = False
-    trouble = s.trouble("the beat")
+    trouble = s.trouble(TROUBLE)
     # Holds the room for the jobs this beat takes until they join the
     # rotation; notes a cancel meanwhile until they are adopted.
     with s.calls.under_way(room or 0) as call:

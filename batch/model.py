@@ -419,6 +419,9 @@ class Statistics:
 
     ``abandoned``: fetches abandoned at ``Config.timeout`` that have not
     returned yet (their threads, or an async fetch's tasks, left behind).
+    ``store_ok``: False from a beat the store refused until the next one
+    it answers (meanwhile the runner's leases are not renewed): what a
+    health check reports.
     """
 
     workers: int
@@ -430,6 +433,7 @@ class Statistics:
     retries: int = 0
     ended: Mapping[str, int] = field(default_factory=dict)
     abandoned: int = 0
+    store_ok: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,11 @@ class Trouble:
         self._warned, self._quiet, self._loud = now, 0, True
         log.warning(msg + ": %s", *args, _brief(sys.exc_info()[1]), stacklevel=2)
 
+    @property
+    def failing(self) -> bool:
+        """The last call failed."""
+        return self._failures > 0
+
     def ok(self) -> None:
         """The call succeeded: failures in a row, if any, are over."""
         if self._loud:

@@ -1,5 +1,5 @@
-"""The command line: ``python -m batch demo|fetch|jobs|status|targets|cancel|wait|requeue``
-(also installed as ``batch-runner``).
+"""The command line: ``python -m batch demo|fetch|work|jobs|status|targets|cancel|wait|requeue``
+and more (also installed as ``batch-runner``).
 
 - ``demo``: a local server and five jobs of two callers, shown as they run.
 - ``fetch FILE|-``: fetch the URLs listed in FILE (one per line; blank lines
@@ -8,6 +8,9 @@
   ``--per-host N`` deals each host's URLs among N jobs (N at once per
   host); ``--in-order`` makes the list one job, fetched in its order.
   Results go to the store; ``--save DIR`` keeps the bodies.
+- ``work --fetch MODULE:FUNCTION``: the worker process of a deployment: it
+  runs the store's jobs (those ``batch.Client`` submits) until SIGTERM or
+  Ctrl-C, which drain it and exit 0 (``batch.cli.work``).
 - ``requeue JOB``: fetch again, as a new job, the URLs of a job that did not
   end done (its failures, and what a cancelled job left pending).
 - ``jobs``, ``status JOB``, ``targets JOB``, ``wait JOB``: read a store,
@@ -53,6 +56,7 @@ from .. import web
 from ..errors import JobNotFound
 from ..model import Config
 from ..states import TERMINAL_JOB, JobStatus
+from . import work
 from .running import _demo, _fetch, _requeue
 from .views import (
     _cancel,
@@ -123,6 +127,8 @@ def build_parser(prog: str = "python -m batch") -> Parser:
         "--in-order", action="store_true", help="one job: the URLs one at a time, in order"
     )
     _fetch_options(p)
+
+    work.add_options(add("work", work.work))
 
     p = add("requeue", _requeue, parents=[as_json])
     p.add_argument("job", metavar="JOB", help="a job id, or a unique prefix of one")
