@@ -22,7 +22,7 @@ from .rotation import LiveJob
 from .state import State
 from .states import LIVE_JOB, JobStatus, TargetState
 
-__all__ = ["INTERRUPTED_HINT", "TROUBLE", "Resume", "beat"]
+__all__ = ["INTERRUPTED_HINT", "PER_LEASE", "TROUBLE", "Resume", "answering", "beat"]
 
 log = logging.getLogger("batch")
 
@@ -38,6 +38,18 @@ Resume = Callable[[str], Any] | None
 
 #: The kind of store call a beat is, for its failures (``State.trouble``).
 TROUBLE = "the beat"
+
+#: Beats a runner makes within each lease (``Config.takeover_after``).
+PER_LEASE = 3
+
+
+def answering(s: State[Any]) -> bool:
+    """Whether the store answers the runner's beats (lock held): the last
+    one did, and the one after it, due a beat's interval later, has not
+    been waiting for an answer for more than half an interval more."""
+    interval = s.config.takeover_after / PER_LEASE
+    renewed = s.valid_until - s.config.takeover_after  # when the last answered beat began
+    return not s.trouble(TROUBLE).failing and s.clock.monotonic() - renewed <= 1.5 * interval
 
 
 def beat(s: State[C], resume: Resume) -> bool:

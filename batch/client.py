@@ -30,8 +30,9 @@ class Client(Runner[C]):
     (``submit_many``, idempotency keys, ``not_before``, ``after``): each
     job is stored ``queued``, held by no runner, and the first worker with
     room takes it, in submit order (at once on PostgreSQL, which tells the
-    workers; on SQLite at a worker's next beat, within a third of its
-    ``takeover_after``). ``wait``, ``as_completed`` and ``wait_async``
+    workers; within ``keeper.CANCEL_POLL``, a tenth of a second, where the
+    store cannot tell them: SQLite, or PostgreSQL through a transaction
+    pooler). ``wait``, ``as_completed`` and ``wait_async``
     learn of its end from the store's events. The client starts no worker
     thread; its keeper keeps it registered, so that a runner that does not
     resume other callers' jobs leaves its jobs alone (once the client has

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import store
 
-from .beat import Resume, beat
+from .beat import PER_LEASE, Resume, beat
 from .commit import give_back_starting, take_starting
 from .locks import unlocked
 from .state import State
@@ -30,7 +30,8 @@ START_DELAY = 0.02
 #: Seconds between looks, while this runner has live jobs, for those
 #: cancelled through a runner of another process (one of this process tells
 #: it at once, and so does the store's notice on PostgreSQL; the look is for
-#: a notice lost), and at what is paused on the store.
+#: a notice lost), and at what is paused on the store; and, while a runner
+#: that resumes any caller's jobs has room, for a job that waits for one.
 CANCEL_POLL = 0.1
 
 #: Seconds before a beat the store refused is tried again (at most).
@@ -52,7 +53,7 @@ def keep(s: State[C], resume: Resume) -> None:
     jobs cancelled elsewhere and at what is paused, prune what
     ``Config.keep`` keeps no longer; at the end, retire (release every
     lease)."""
-    interval = s.config.takeover_after / 3
+    interval = s.config.takeover_after / PER_LEASE
     paces = s.rotation.paces
     keep = s.config.keep
     with s.lock:
@@ -64,7 +65,7 @@ def keep(s: State[C], resume: Resume) -> None:
             starting = bool(s.starting) and now >= s.starting_since + START_DELAY
             syncing = paces is not None and (paces.fresh or now >= next_sync)
             asked = s.want_room or now >= s.due_at  # a beat wanted before its time
-            if now >= next_poll and len(s.rotation):
+            if now >= next_poll and (len(s.rotation) or looks_for_work(s)):
                 # First of the chores, and on a cadence of its own (from
                 # when the last look began): how soon a pause or a cancel
                 # of another process reaches this runner rests on it. A
@@ -94,7 +95,8 @@ def keep(s: State[C], resume: Resume) -> None:
             elif keep and now >= next_prune:
                 next_prune = s.clock.monotonic() + (0.0 if _prune(s, keep) else PRUNE_EVERY)
             else:
-                due = [next_beat, s.due_at] + ([next_poll] if len(s.rotation) else [])
+                looking = len(s.rotation) or looks_for_work(s)
+                due = [next_beat, s.due_at] + ([next_poll] if looking else [])
                 if keep:
                     due.append(next_prune)
                 if paces is not None:
@@ -191,14 +193,25 @@ def _prune(s: State[C], keep: Mapping[str, float]) -> bool:
     return full
 
 
+def looks_for_work(s: State[C]) -> bool:
+    """Whether the look also asks if a job waits that no runner holds (lock
+    held): for a runner that resumes any caller's jobs and has room. A
+    store that cannot tell it of new jobs (SQLite; PostgreSQL through a
+    transaction pooler, which cannot listen) would leave such a job
+    waiting for its next beat, a third of a lease away."""
+    return s.config.resume is not None and s.room() != 0 and not s.closed
+
+
 def _look(s: State[C]) -> None:
     """Halt the jobs this runner holds that were cancelled through another,
-    and pause or unpause as the store says."""
+    and pause or unpause as the store says; with room, beat at once if a
+    job waits that no runner holds."""
     trouble = s.trouble("looking for cancelled jobs")
+    work = looks_for_work(s)
     with s.calls.under_way() as call:
         try:
             with unlocked(s.lock):
-                look = s.ledger.look(s.id)
+                look = s.ledger.look(s.id, work)
         except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
             trouble.failed("cannot look for cancelled jobs; trying again")
             return
@@ -208,3 +221,5 @@ def _look(s: State[C]) -> None:
             if job is not None:
                 s.halt(job)
         s.paused_in_store(look.paused, call)
+        if look.work and looks_for_work(s):
+            s.want_room = True  # the keeper's next turn is a beat

@@ -419,9 +419,10 @@ class Statistics:
 
     ``abandoned``: fetches abandoned at ``Config.timeout`` that have not
     returned yet (their threads, or an async fetch's tasks, left behind).
-    ``store_ok``: False from a beat the store refused until the next one
-    it answers (meanwhile the runner's leases are not renewed): what a
-    health check reports.
+    ``store_ok``: whether the store answers the runner's beats: False from
+    a beat it refused, or one it keeps waiting for more than half a beat's
+    interval, until the next it answers (meanwhile the runner's leases
+    are not renewed): what a health check reports.
     """
 
     workers: int

@@ -434,7 +434,7 @@ class Runner(Generic[C]):
                 retries=s.counts.retries,
                 ended=dict(s.counts.ended),
                 abandoned=len(s.hung) + s.abandoned_tasks,
-                store_ok=not s.trouble(beat.TROUBLE).failing,
+                store_ok=beat.answering(s),
             )
 
     def explain(self, caller: C, job_id: str) -> dict[str, object]:

@@ -234,11 +234,12 @@ class Ledger:
         order; none for a job given no ``after``, or none there is."""
         return self._db.read(lambda tx: later.after_of(tx, job_id))
 
-    def look(self, runner_id: str) -> Look:
+    def look(self, runner_id: str, work: bool = False) -> Look:
         """What a runner looks at between its beats, in one read: the ids
         of the jobs leased to it that are terminal already (cancelled
-        through another runner), and what is paused."""
-        return self._db.read(lambda tx: runners.look(tx, runner_id))
+        through another runner), what is paused, and (``work``) whether a
+        job waits that no runner holds, for one that runs any."""
+        return self._db.read(lambda tx: runners.look(tx, runner_id, work))
 
     def retire_runner(self, runner_id: str) -> None:
         """The runner closed: its leases are released, and the next runner

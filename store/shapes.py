@@ -265,10 +265,12 @@ class Whereabouts:
 class Look:
     """What a runner's look between beats found (``Ledger.look``):
     ``halted``, the jobs leased to it that are terminal already (cancelled
-    through another runner); ``paused``, what is paused on the store."""
+    through another runner); ``paused``, what is paused on the store;
+    ``work``, whether a job waits that no runner holds (if asked)."""
 
     halted: list[str]
     paused: Paused
+    work: bool = False
 
 
 @dataclass(frozen=True, slots=True)

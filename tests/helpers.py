@@ -189,7 +189,7 @@ def hold_write_lock(location: str, seconds: float) -> tuple[float, float]:
     take no lock of the whole store there: only a table lock stalls them
     all). Returns when it was taken and when it was let go, by
     ``time.time()``."""
-    with _write_lock(location, wait=True) as taken:
+    with write_lock(location, wait=True) as taken:
         assert taken
         began = time.time()
         try:
@@ -202,12 +202,12 @@ def hold_write_lock(location: str, seconds: float) -> tuple[float, float]:
 def write_locked(location: str) -> bool:
     """Whether some process holds the store's write lock right now (on
     PostgreSQL: is writing jobs)."""
-    with _write_lock(location, wait=False) as taken:
+    with write_lock(location, wait=False) as taken:
         return not taken
 
 
 @contextlib.contextmanager
-def _write_lock(location: str, *, wait: bool) -> Iterator[bool]:
+def write_lock(location: str, *, wait: bool) -> Iterator[bool]:
     if location.startswith("postgresql://"):
         with psycopg.connect(location, autocommit=True, prepare_threshold=None) as pg:
             pg.execute("BEGIN")

@@ -98,9 +98,14 @@ class Server:
             " -c fsync=off -c full_page_writes=off"
             " -c max_connections=300 -c shared_buffers=64MB"
         )
+        self._options = options
+        self.resume()
+
+    def resume(self) -> None:
+        """Start the server again after :meth:`stop`, as it was started."""
         self._run(
-            "pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "log"), "-w",
-            "start",
+            "pg_ctl", "-D", str(self.data), "-o", self._options, "-l", str(self.root / "log"),
+            "-w", "start",
         )  # fmt: skip
 
     @contextlib.contextmanager

@@ -180,17 +180,27 @@ def beat(
     )
 
 
-def look(conn: Tx, runner_id: str) -> Look:
+def look(conn: Tx, runner_id: str, work: bool) -> Look:
     """The ids of the jobs leased to ``runner_id`` that are terminal
-    already, and what is paused: one statement, the read's last (on
-    PostgreSQL its one round trip carries the COMMIT too)."""
+    already, what is paused, and (``work``) whether a job waits that no
+    runner holds: one statement, the read's last (on PostgreSQL its one
+    round trip carries the COMMIT too). The last walks the waiting jobs
+    in submit order to the first one free: past no more than the jobs the
+    runners hold."""
+    free = (
+        " UNION ALL SELECT 'work', '', 0.0 WHERE EXISTS (SELECT 1 FROM jobs"
+        f" WHERE status IN {LIVE_SQL} AND deferred = 0 AND lease_owner IS NULL)"
+        if work
+        else ""
+    )
     rows = conn.finish(
         f"SELECT '', id, 0.0 FROM jobs WHERE lease_owner = ? AND status NOT IN {LIVE_SQL}"
-        " UNION ALL SELECT kind, name, since FROM paused ORDER BY 2",
+        f" UNION ALL SELECT kind, name, since FROM paused{free} ORDER BY 2",
         (runner_id,),
     ).fetchall()
     halted = [name for kind, name, _ in rows if not kind]
-    return Look(halted, pauses.gathered(row for row in rows if row[0]))
+    waiting = any(kind == "work" for kind, _, _ in rows)
+    return Look(halted, pauses.gathered(row for row in rows if row[0] in pauses.KINDS), waiting)
 
 
 def whereabouts(conn: Tx, job_id: str) -> Whereabouts | None:
