@@ -80,16 +80,19 @@ def beat(s: State[C], resume: Resume) -> bool:
     with s.calls.under_way(room or 0) as call:
         try:
             with unlocked(s.lock):
-                got = s.ledger.beat_runner(
-                    s.id,
-                    lapse,
-                    room=room,
-                    # A runner that runs nothing (max_live=0) takes no
-                    # job, not even one to end: as one that resumes any.
-                    foreign=resume is not None or s.config.max_live == 0,
-                    keep=in_flight,
-                    release=not s.closed,
-                )
+                newer = s.ledger.newer_schema()
+                got = None
+                if newer is None:
+                    got = s.ledger.beat_runner(
+                        s.id,
+                        lapse,
+                        room=room,
+                        # A runner that runs nothing (max_live=0) takes no
+                        # job, not even one to end: as one that resumes any.
+                        foreign=resume is not None or s.config.max_live == 0,
+                        keep=in_flight,
+                        release=not s.closed,
+                    )
         except Exception:  # noqa: BLE001 - whatever the store or its driver raises: logged
             trouble.failed("cannot renew the leases of runner %s; trying again", s.id)
             # No due time is known until a beat reads it again, but for
@@ -98,6 +101,10 @@ def beat(s: State[C], resume: Resume) -> bool:
             s.due_at = call.due
             return False
         trouble.ok()
+        if got is None:
+            assert newer is not None
+            _outdated(s, newer)
+            return True
         s.due_at = min(math.inf if got.due is None else started + got.due, call.due)
         for job_id, owner, home in got.cancelled:
             # Never ran: told here, once, as a cancel through this runner is.
@@ -129,6 +136,18 @@ def beat(s: State[C], resume: Resume) -> bool:
         call.places = 0  # the jobs it took joined
         _take_up(s, got.held, known, resume)
         return True
+
+
+def _outdated(s: State[C], version: int) -> None:
+    """A newer library stepped the store's schema on (a deploy under way):
+    this runner, which may not write it right any more, stops taking
+    targets, and its keeper releases its jobs to the newer runners."""
+    s.outdated = (
+        f"the store's schema is at version {version}, newer than this library's:"
+        f" runner {s.id} stops; upgrade batch-store to run on it"
+    )
+    log.error("%s", s.outdated)
+    s.shut(cancel=True)
 
 
 def _take_up(s: State[C], held: dict[str, int], known: set[str], resume: Resume) -> None:

@@ -60,7 +60,7 @@ def keep(s: State[C], resume: Resume) -> None:
         next_beat = s.clock.monotonic() + interval
         next_poll = next_sync = next_prune = 0.0
         shared = False  # the store holds rows of this runner's upstreams
-        while not s.stopping:
+        while not s.stopping and s.outdated is None:
             now = s.clock.monotonic()
             starting = bool(s.starting) and now >= s.starting_since + START_DELAY
             syncing = paces is not None and (paces.fresh or now >= next_sync)

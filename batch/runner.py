@@ -123,6 +123,14 @@ class Runner(Generic[C]):
         """This runner's id in the store (the owner of its leases)."""
         return self._s.id
 
+    @property
+    def closed_reason(self) -> str | None:
+        """Why the runner closed by itself, if it did: a newer release of
+        the library stepped the store's schema on (a deploy under way), so
+        it stopped and let its jobs go to the newer runners. ``close`` it,
+        and run the newer release. None otherwise."""
+        return self._s.outdated
+
     # -- the caller's side --------------------------------------------------
 
     def submit(
@@ -219,7 +227,7 @@ class Runner(Generic[C]):
         owner = caller_id(caller)
         ids = [uuid.uuid4().hex for _ in jobs]
         if s.closed:  # without the lock: see State.closed
-            raise RunnerClosed("the runner is closed; submit to a new Runner")
+            raise RunnerClosed(s.outdated or "the runner is closed; submit to a new Runner")
         if not jobs:
             return ids
         bounded = s.config.max_live is not None

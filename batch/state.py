@@ -193,6 +193,8 @@ class State(Generic[C]):
         # as when close comes while they are stored.
         self.closed = False
         self.stopping = False  # the workers are joined: the keeper retires
+        # Why the runner closed by itself (a newer schema on the store), if it did.
+        self.outdated: str | None = None
         # Under Config.timeout (batch.timeouts): the fetches in flight, in
         # start order; the worker threads abandoned in a fetch; how many
         # of those no fresh worker replaced; an async runner's abandoned
@@ -384,6 +386,18 @@ class State(Generic[C]):
             self.wait(sleeper.cond, self.idle.nap(sleeper, now, retry_in))
         finally:
             self.idle.woke(sleeper, self.rotation.next_retry_in(now) is not None)
+
+    def shut(self, *, cancel: bool) -> None:
+        """Start no further target (``cancel``: and cancel every job's
+        context), and wake whoever waits to learn it. Lock held."""
+        self.closed = True
+        if cancel:
+            for job in self.rotation:
+                job.ctx.cancel(Reason.CLOSED)
+        self.idle.wake_all()
+        self.writes.notify_all()
+        self.limits.notify_all()
+        self.changed_all()
 
     def cancelled_elsewhere(self, job_id: str) -> None:
         """Another runner of this process cancelled ``job_id`` in the store:

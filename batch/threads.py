@@ -172,13 +172,7 @@ class Threads:
             s.closed = True
             raise TimeoutError(f"a hook held the runner for longer than {timeout}s")
         try:
-            s.closed = True
-            if cancel:
-                self._cancel_jobs()
-            s.idle.wake_all()
-            s.writes.notify_all()
-            s.limits.notify_all()
-            s.changed_all()
+            s.shut(cancel=cancel)
         finally:
             s.lock.release()
 
@@ -189,14 +183,10 @@ class Threads:
         if not s.lock.acquire(timeout=_left(deadline)):
             raise TimeoutError(f"a hook held the runner for longer than {timeout}s")
         try:
-            self._cancel_jobs()
+            for job in s.rotation:
+                job.ctx.cancel(Reason.CLOSED)
         finally:
             s.lock.release()
-
-    def _cancel_jobs(self) -> None:
-        """Cancel the context of every job of the rotation (lock held)."""
-        for job in self._s.rotation:
-            job.ctx.cancel(Reason.CLOSED)
 
     def _retire(self, deadline: float, timeout: float | None) -> None:
         """The workers are joined: stop the keeper, which releases the leases."""

@@ -30,6 +30,7 @@ from . import jobs
 from .engines import WORK, Database, Tx, in_list
 from .jobs import later, runners, upstreams
 from .jobs.outcomes import record
+from .schema import VERSION
 from .shapes import (
     Beat,
     JobRow,
@@ -228,6 +229,13 @@ class Ledger:
             ),
             fenced=True,
         )
+
+    def newer_schema(self) -> int | None:
+        """The version of the store's schema now if it is newer than this
+        library's (``store.schema.VERSION``), else None: a runner stops
+        once a newer library has stepped the schema on."""
+        version = self._db.schema_version()
+        return version if version > VERSION else None
 
     def after_of(self, job_id: str) -> list[str]:
         """The ids of the jobs ``job_id`` waits (or waited) after, in id

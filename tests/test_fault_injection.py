@@ -241,6 +241,9 @@ class FaultyDatabase(Database):
     def read(self, fn: Callable[[Tx], T]) -> T:
         return self._run(self.inner.read, fn)
 
+    def read_version(self, tx: Tx) -> int:
+        return self.inner.read_version(tx)
+
     def close(self) -> None:
         self.inner.close()
 

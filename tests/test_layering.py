@@ -27,6 +27,7 @@ RUNNER_PROTOCOL = (
     "after_of",
     "subscribe",
     "total_bytes",
+    "newer_schema",
 )
 
 

@@ -209,7 +209,7 @@ def work(args: argparse.Namespace) -> Output:
                     config.workers,
                     config.max_live,
                 )
-                signal = _until_stopped(stop)
+                signal = _until_stopped(runner, stop)
                 log.info("%s: taking nothing new; fetches in flight have %gs", signal, given.grace)
                 _drain(runner, given.grace)
         except BaseException:
@@ -221,11 +221,14 @@ def work(args: argparse.Namespace) -> Output:
     return Output(None, "", 0)
 
 
-def _until_stopped(stop: Callable[[], str | None]) -> str:
-    """Wait for the first signal; what it was."""
+def _until_stopped(runner: Runner[Any], stop: Callable[[], str | None]) -> str:
+    """Wait for the first signal; what it was. ``Failure`` if the runner
+    closes by itself first (a newer release stepped the schema on)."""
     woken = threading.Event()
     while (signal := stop()) is None:
         woken.wait(POLL)  # a signal's handler only notes it: look again soon
+        if runner.closed_reason is not None:
+            raise Failure(runner.closed_reason)
     return "terminated (SIGTERM)" if signal == "terminated" else "interrupted (SIGINT)"
 
 

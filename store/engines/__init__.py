@@ -256,6 +256,15 @@ class Database(abc.ABC):
         drops), so a subscriber also polls. After a gap, subscribers get
         the notice ``"resync"``."""
 
+    def schema_version(self) -> int:
+        """The version of the store's schema now: a newer library may have
+        stepped it on since this one opened the store."""
+        return self.read(self.read_version)
+
+    @abc.abstractmethod
+    def read_version(self, tx: Tx) -> int:
+        """The schema's version, read in ``tx``."""
+
     @abc.abstractmethod
     def close(self) -> None:
         """Close every connection; later transactions raise ``StoreError``. Idempotent."""

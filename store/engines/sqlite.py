@@ -128,6 +128,9 @@ class SQLiteDatabase(Database):
             self._conn.close()
             raise
 
+    def read_version(self, tx: Tx) -> int:
+        return int(tx.execute("PRAGMA user_version").fetchone()[0])
+
     def _check_version(self) -> None:
         """Refuse to read a file whose schema is not this library's."""
         (version,) = self._conn.execute("PRAGMA user_version").fetchone()

@@ -435,6 +435,9 @@ class PostgresDatabase(Database):
 
     # -- the schema -----------------------------------------------------------------
 
+    def read_version(self, tx: Tx) -> int:
+        return int(tx.execute(f"SELECT version FROM {_VERSION_TABLE}").fetchone()[0])
+
     def _version(self, tx: Tx) -> int | None:
         found = tx.execute("SELECT to_regclass(?) IS NOT NULL", (_VERSION_TABLE,)).fetchone()
         if not found[0]:
