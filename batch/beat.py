@@ -142,12 +142,12 @@ def _outdated(s: State[C], version: int) -> None:
     """A newer library stepped the store's schema on (a deploy under way):
     this runner, which may not write it right any more, stops taking
     targets, and its keeper releases its jobs to the newer runners."""
+    s.shut(cancel=True)  # before the reason shows: closed_reason is read without the lock
     s.outdated = (
         f"the store's schema is at version {version}, newer than this library's:"
         f" runner {s.id} stops; upgrade batch-store to run on it"
     )
     log.error("%s", s.outdated)
-    s.shut(cancel=True)
 
 
 def _take_up(s: State[C], held: dict[str, int], known: set[str], resume: Resume) -> None:

@@ -42,15 +42,18 @@ GRACE = 5.0
 class Worker:
     """One ``batch-runner work`` process, its stderr in a file."""
 
-    def __init__(self, where: Path, location: str, name: str, *flags: str) -> None:
+    def __init__(
+        self, where: Path, location: str, name: str, *flags: str, program: str | None = None
+    ) -> None:
+        """``program``: a script in ``where`` that runs the command line in
+        place of ``python -m batch``."""
         self.name = name
         self.err = where / f"{name}.err"
         with self.err.open("wb") as err:
             self.proc = subprocess.Popen(
                 [
                     sys.executable,
-                    "-m",
-                    "batch",
+                    *(["-m", "batch"] if program is None else [program]),
                     "work",
                     "--db",
                     location,
