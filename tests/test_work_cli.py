@@ -153,32 +153,30 @@ def _taken_over(db: store.Store, location: str, job_id: str) -> None:
         assert other.wait(ALICE, job_id, TIMEOUT).status == "done"
 
 
-def test_a_drain_past_its_grace_exits_0_and_lets_the_jobs_go(
-    db: store.Store, location: str, hangs: Path
+@pytest.mark.parametrize(
+    ("grace", "signals", "status", "says"),
+    [
+        # The drain past its grace: exit 0, the job released.
+        ("0.3", 1, 0, "workers still in a fetch after 0.8s: their jobs are released"),
+        # A second signal: at once.
+        ("60", 2, 143, "taking nothing new"),
+    ],
+)
+def test_a_worker_stopped_over_a_stuck_fetch_leaves_its_job_to_another(
+    db: store.Store, location: str, hangs: Path, grace: str, signals: int, status: int, says: str
 ) -> None:
     with (
         batch.Client(db) as client,
-        workers(hangs, location, 1, "--takeover-after", "60", "--grace", "0.3") as (w,),
-    ):
-        job_id = client.submit(ALICE, ["a"])
-        _started(client, job_id)
-        w.proc.send_signal(signal.SIGTERM)
-        assert w.proc.wait(TIMEOUT) == 0, w.log()
-        assert "workers still in a fetch" in w.log() and "released" in w.log()
-        _taken_over(db, location, job_id)
-
-
-def test_a_second_signal_stops_at_once(db: store.Store, location: str, hangs: Path) -> None:
-    with (
-        batch.Client(db) as client,
-        workers(hangs, location, 1, "--takeover-after", "60", "--grace", "60") as (w,),
+        workers(hangs, location, 1, "--takeover-after", "60", "--grace", grace) as (w,),
     ):
         job_id = client.submit(ALICE, ["a"])
         _started(client, job_id)
         w.proc.send_signal(signal.SIGTERM)
         assert w.said("taking nothing new")
-        w.proc.send_signal(signal.SIGTERM)
-        assert w.proc.wait(TIMEOUT) == 143, w.log()
+        if signals == 2:
+            w.proc.send_signal(signal.SIGTERM)
+        assert w.proc.wait(TIMEOUT) == status, w.log()
+        assert says in w.log()
         _taken_over(db, location, job_id)
 
 
