@@ -224,6 +224,12 @@ def serve(s: State[C], fetch: AsyncFetch[C]) -> None:
 
 async def _serve(s: State[C], fetch: AsyncFetch[C]) -> None:
     await Workers(s, fetch).run()
+    with s.lock:
+        if s.abandoned_tasks:
+            # The loop's end waits for every task, and a task abandoned at
+            # its time limit may never end: a close waits no longer for
+            # this thread, as for a worker thread abandoned in a fetch.
+            s.hung.add(threading.current_thread())
     aclose = getattr(fetch, "aclose", None)
     if callable(aclose):
         try:

@@ -72,7 +72,7 @@ def beat(s: State[C], resume: Resume) -> bool:
     started = s.clock.monotonic()
     known = {job.id for job in s.rotation}
     in_flight = [job.id for job in s.rotation if job.running]
-    room = s.room()
+    room = 0 if s.closed else s.room()  # a closing runner takes nothing
     s.want_room = False
     trouble = s.trouble(TROUBLE)
     # Holds the room for the jobs this beat takes until they join the

@@ -276,7 +276,7 @@ def _ask(
         try:
             answer = call()
         except Exception:  # whatever the store or its driver raises: no worker dies of it
-            if s.closed:
+            if s.closed and not s.draining:
                 log.exception(*closing)
                 return None
             if not again:

@@ -441,7 +441,9 @@ class Runner(Generic[C]):
                 stored=s.counts.stored,
                 retries=s.counts.retries,
                 ended=dict(s.counts.ended),
-                abandoned=len(s.hung) + s.abandoned_tasks,
+                # An async runner's loop thread may be left behind with its
+                # abandoned tasks: they are what is counted.
+                abandoned=s.abandoned_tasks if self._threads.is_async else len(s.hung),
                 store_ok=beat.answering(s),
             )
 

@@ -195,6 +195,9 @@ class State(Generic[C]):
         self.stopping = False  # the workers are joined: the keeper retires
         # Why the runner closed by itself (a newer schema on the store), if it did.
         self.outdated: str | None = None
+        # Closed, and the fetches in flight still have their grace (a drain,
+        # ``Runner.close(grace=)``): the group commit keeps trying.
+        self.draining = False
         # Under Config.timeout (batch.timeouts): the fetches in flight, in
         # start order; the worker threads abandoned in a fetch; how many
         # of those no fresh worker replaced; an async runner's abandoned

@@ -95,7 +95,8 @@ class Threads:
         limit not counted; for an async fetch, the fetches the event loop
         may run at once while it runs. Called with the lock held."""
         if self.is_async:
-            return self._s.config.workers if self._workers[0].is_alive() else 0
+            loop = self._workers[0]
+            return self._s.config.workers if loop.is_alive() and loop not in self._s.hung else 0
         return sum(t.is_alive() and t not in self._s.hung for t in self._workers)
 
     def _worker(self, fetch: Callable[[Context, Any, Target], object], i: int) -> threading.Thread:
@@ -107,7 +108,7 @@ class Threads:
         """A worker was abandoned in a fetch past its time limit: start a
         fresh one in its place (lock held)."""
         fresh = self._worker(fetch, len(self._workers))
-        self._workers.append(fresh)
+        self._workers = [t for t in self._workers if t.is_alive()] + [fresh]
         fresh.start()
 
     def _others(self) -> list[threading.Thread]:
@@ -130,6 +131,8 @@ class Threads:
         if drain is None:
             s.ctx.cancel()
         self._close(deadline, timeout, cancel=drain is None)
+        if drain is not None:
+            self._release_idle(deadline, timeout)
         me = threading.current_thread()
         # The watch ends once no fetch is in flight, the last outcomes of
         # those it abandoned recorded.
@@ -173,20 +176,42 @@ class Threads:
             raise TimeoutError(f"a hook held the runner for longer than {timeout}s")
         try:
             s.shut(cancel=cancel)
+            s.draining = not cancel
         finally:
             s.lock.release()
 
     def _cancel(self, deadline: float, timeout: float | None) -> None:
-        """A drain's grace is over: cancel the context of every fetch."""
+        """A drain's grace is over: cancel the context of every fetch, and
+        store no outcome the store refuses once (as a close does)."""
         s = self._s
         s.ctx.cancel()
         if not s.lock.acquire(timeout=_left(deadline)):
             raise TimeoutError(f"a hook held the runner for longer than {timeout}s")
         try:
+            s.draining = False
+            s.done.notify_all()  # a group commit's backoff gives up now
             for job in s.rotation:
                 job.ctx.cancel(Reason.CLOSED)
         finally:
             s.lock.release()
+
+    def _release_idle(self, deadline: float, timeout: float | None) -> None:
+        """A drain began: the jobs with no fetch in flight go to the other
+        runners at once (this one starts nothing more). Best effort: if the
+        store fails, they go when the runner retires."""
+        s = self._s
+        if not s.lock.acquire(timeout=_left(deadline)):
+            raise TimeoutError(f"a hook held the runner for longer than {timeout}s")
+        try:
+            idle = [job for job in s.rotation if not job.running]
+            for job in idle:
+                s.halt(job, lost=True)
+        finally:
+            s.lock.release()
+        try:
+            s.ledger.release_jobs(s.id, [job.id for job in idle])
+        except Exception:  # noqa: BLE001 - whatever the store raises: released at retire
+            log.warning("cannot release the %d idle job(s) of runner %s yet", len(idle), s.id)
 
     def _retire(self, deadline: float, timeout: float | None) -> None:
         """The workers are joined: stop the keeper, which releases the leases."""

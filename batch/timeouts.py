@@ -39,6 +39,7 @@ __all__ = [
     "TIMED_OUT",
     "Fetch",
     "all_hung",
+    "forget",
     "returned",
     "started",
     "timed",
@@ -85,7 +86,7 @@ def returned(s: State[C], fetch: Fetch[C], outcome: Outcome) -> bool:
     goes on as a worker: always, unless it was abandoned and no worker is
     missing."""
     if not fetch.abandoned:
-        del s.fetching[fetch]
+        forget(s, fetch)
         _finished(s, fetch.job, outcome)
         return True
     s.hung.discard(fetch.thread)
@@ -98,12 +99,23 @@ def returned(s: State[C], fetch: Fetch[C], outcome: Outcome) -> bool:
     return False
 
 
+def forget(s: State[C], fetch: Fetch[C]) -> None:
+    """``fetch`` is over, or its worker failed (lock held): no time limit
+    of it is kept; the watch, which ends once the runner is closed and no
+    fetch is in flight, is told when the last one goes."""
+    s.fetching.pop(fetch, None)
+    if s.closed and not s.fetching:
+        s.limits.notify()
+
+
 def watch(s: State[C], replace: Callable[[], None]) -> None:
     """The watch thread of a threaded runner with a time limit: cancel each
     fetch's context at its limit, abandon the fetch ``GRACE`` seconds later
-    (``replace`` starts a fresh worker), and record the outcomes of those
-    it abandoned when no worker does; until the runner is closed and no
-    fetch is in flight."""
+    (``replace`` starts a fresh worker), and have the outcome recorded (by
+    a worker; by the watch itself once the runner is closed, or every
+    worker is abandoned, when none may be left to); until the runner is
+    closed and no fetch is in flight. While a worker is left it makes no
+    store call, so a store away holds up no time limit."""
     try:
         with s.lock:
             while True:
@@ -118,8 +130,8 @@ def watch(s: State[C], replace: Callable[[], None]) -> None:
                     else:
                         due = fetch.deadline + (GRACE if fetch.cancelled else 0.0)
                         wake = due if wake is None else min(wake, due)
-                if s.finished and not s.writing:
-                    commit.record(s)
+                if (s.closed or all_hung(s)) and s.finished and not s.writing:
+                    commit.record(s)  # no worker is left to
                     continue
                 if s.closed and not s.fetching:
                     return
@@ -183,6 +195,9 @@ def _abandon(s: State[C], fetch: Fetch[C], replace: Callable[[], None]) -> None:
     call_hook(s.hooks.abandoned, len(s.hung))
     log.warning(_PAST, fetch.job.id, limit, TIMED_OUT)
     _finished(s, fetch.job, _timed_out(limit, _since(fetch)))
+    s.wake_worker()  # an idle worker records it (``worker.pick``)
+    if s.closed:
+        return  # no worker is wanted any more
     if len(s.hung) <= s.config.workers:
         replace()
     else:

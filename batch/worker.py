@@ -65,6 +65,8 @@ def work(s: State[C], fetch: Callable[[Context, C, Target], object]) -> None:
         log.critical("a batch worker thread ended on an error of the runner's own", exc_info=True)
         if job is not None:
             with s.lock:
+                if timed is not None:
+                    timeouts.forget(s, timed)
                 if job.running and not (timed is not None and timed.abandoned):
                     s.settle(job)
         raise
@@ -72,8 +74,13 @@ def work(s: State[C], fetch: Callable[[Context, C, Target], object]) -> None:
 
 def pick(s: State[C], sleeper: ThreadSleeper) -> LiveJob[C] | None:
     """Wait (as ``sleeper``) for a job that can start a target and mark it
-    in flight; None once the runner is closed. Called with the lock held."""
+    in flight; None once the runner is closed. Outcomes no worker recorded
+    (those of fetches abandoned at their time limit) are recorded first.
+    Called with the lock held."""
     while not s.closed:
+        if s.finished and not s.writing:
+            commit.record(s)
+            continue
         job = take(s)
         if job is not None:
             return job

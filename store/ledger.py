@@ -260,6 +260,17 @@ class Ledger:
 
         self._db.write(retire, fenced=True)
 
+    def release_jobs(self, runner_id: str, ids: Sequence[str]) -> None:
+        """The runner lets go of these jobs (it will run none of them: it is
+        draining); the next runner with room takes them at once."""
+
+        def release(tx: Tx) -> None:
+            runners.release(tx, runner_id, ids)
+            tx.notify(WORK)
+
+        if ids:
+            self._db.write(release, fenced=True)
+
     def sync_upstreams(
         self,
         runner_id: str,

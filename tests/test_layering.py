@@ -28,6 +28,7 @@ RUNNER_PROTOCOL = (
     "subscribe",
     "total_bytes",
     "newer_schema",
+    "release_jobs",
 )
 
 

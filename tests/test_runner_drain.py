@@ -119,6 +119,37 @@ def test_a_fetch_past_the_drains_timeout_is_given_up_and_its_job_released(
     assert stuck.status(ALICE, job_id).targets[0].result == "again a"
 
 
+def test_a_drain_lets_the_jobs_with_nothing_in_flight_go_at_once(
+    db: store.Store, location: str, runner: MakeRunner
+) -> None:
+    """While the fetch in flight has its grace, the draining runner's other
+    jobs run elsewhere (its leases would keep them a minute), and it takes
+    none of those submitted meanwhile."""
+    fetch = Gated()
+    draining = runner(db, fetch, workers=1, takeover_after=60, resume=batch.Caller)
+    busy = draining.submit(ALICE, ["a"])
+    idle = draining.submit(ALICE, ["b"])
+    assert fetch.started.wait(TIMEOUT)
+    closer, raised = _closing(draining, grace=TIMEOUT)
+    assert eventually(lambda: draining.statistics().closed)
+    with (
+        store.open(location) as other_db,
+        batch.Runner(
+            other_db,
+            lambda ctx, caller, t: f"other {t.ref}",
+            batch.Config(resume=batch.Caller, takeover_after=60),
+        ) as other,
+    ):
+        assert other.wait(ALICE, idle, TIMEOUT).targets[0].result == "other b"
+        later = other.submit(ALICE, ["c"])
+        assert other.wait(ALICE, later, TIMEOUT).status == "done"
+        fetch.gate.set()
+        closer.join(TIMEOUT)
+        assert raised == []
+        assert other.wait(ALICE, busy, TIMEOUT).targets[0].result == "a"  # stored by the drain
+    assert fetch.calls == ["a"]
+
+
 @pytest.mark.parametrize(("grace", "error"), [(-1, ValueError), ("1", TypeError)])
 def test_a_grace_must_be_seconds(
     db: store.Store, runner: MakeRunner, grace: object, error: type[Exception]

@@ -131,6 +131,34 @@ def test_a_task_that_swallows_its_cancel_is_counted_until_it_ends(
     assert db.get_job(job_id, "alice").targets[0].error == "timed out"
 
 
+def test_a_close_does_not_wait_out_a_time_limit(db: store.Store, kind: str) -> None:
+    """The watch that keeps the limits ends as soon as nothing is in
+    flight at close, not at the next limit it would have kept."""
+    fetch = Hang()
+    r = batch.Runner(db, _fetch(fetch, kind), batch.Config(workers=2, timeout=60))
+    job = r.wait(ALICE, r.submit(ALICE, ["a", "b"]), TIMEOUT)
+    assert job.status == "done"
+    r.submit(ALICE, ["c"])
+    began = time.monotonic()
+    r.close(timeout=10)
+    assert time.monotonic() - began < 5
+
+
+def test_an_async_runner_closes_past_a_task_that_swallows_its_cancel(
+    db: store.Store, hang: Hang
+) -> None:
+    """Its loop thread is left behind with the task, as a worker thread
+    abandoned in a fetch is: close returns; the task is counted until it
+    ends."""
+    r = batch.Runner(db, hang.coroutine, batch.Config(workers=2, timeout=0.2))
+    job_id = r.submit(ALICE, ["hang-stubborn"])
+    assert r.wait(ALICE, job_id, TIMEOUT).targets[0].error == "timed out"
+    r.close(timeout=TIMEOUT)
+    assert r.statistics().abandoned == 1
+    hang.release()
+    assert eventually(lambda: r.statistics().abandoned == 0)
+
+
 def test_a_fetch_that_returns_within_the_grace_is_stored_as_it_returned(
     db: store.Store, kind: str
 ) -> None:

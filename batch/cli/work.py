@@ -49,6 +49,10 @@ GRACE = 20.0
 #: Seconds between looks at whether a signal came or the runner stopped.
 POLL = 0.1
 
+#: Seconds a stop "at once" (a second signal, a failure) has to release
+#: the runner's jobs to the others.
+STOP_AT_ONCE = 1.0
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -82,6 +86,8 @@ class Settings:
             for f in dataclasses.fields(Config)
             if f.name in _RUNNER and getattr(self, f.name) is not None
         }
+        if given.get("max_live") == 0:
+            raise BadInput("max-live must be at least 1: a worker that holds no job runs none")
         workers = given.get("workers", Config().workers)
         # Jobs spread over the worker processes: each holds a few more than
         # it has workers (so that a job waiting on a retry leaves none
@@ -216,7 +222,7 @@ def work(args: argparse.Namespace) -> Output:
             # A second signal, or a failure: stop at once, the jobs of the
             # fetches in flight released to the other runners.
             with contextlib.suppress(TimeoutError):
-                runner.close(0, grace=0)
+                runner.close(STOP_AT_ONCE, grace=0)
             raise
     return Output(None, "", 0)
 
@@ -321,10 +327,10 @@ def _unhealthy(runner: Runner[Any]) -> str | None:
     st = runner.statistics()
     if st.closed:
         return "stopping"
+    if st.workers == 0:  # its keeper then beats no more: say why first
+        return "no worker is left (every one is in a fetch past its time limit)"
     if not st.store_ok:
         return "the store does not answer"
-    if st.workers == 0:
-        return "no worker is left (every one is in a fetch past its time limit)"
     return None
 
 

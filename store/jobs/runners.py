@@ -71,12 +71,19 @@ def retire(conn: Tx, runner_id: str) -> None:
     """The runner closed: it holds no lease any more, so the next runner with
     room takes its live jobs at once."""
     # Jobs first, then the runner's row, as every writer locks them.
+    release(conn, runner_id)
+    conn.execute("UPDATE runners SET closed = 1 WHERE id = ?", (runner_id,))
+
+
+def release(conn: Tx, runner_id: str, ids: Sequence[str] | None = None) -> None:
+    """``runner_id`` lets go of its leases (only those of the jobs ``ids``,
+    if given): the next runner with room takes those jobs at once."""
+    only, args = ("", ()) if ids is None else in_list("id", ids)
     conn.execute(
         "UPDATE jobs SET lease_owner = NULL WHERE id IN (SELECT id FROM jobs"
-        f" WHERE lease_owner = ? ORDER BY id{conn.locking()})",
-        (runner_id,),
+        f" WHERE lease_owner = ?{' AND ' + only if only else ''} ORDER BY id{conn.locking()})",
+        (runner_id, *args),
     )
-    conn.execute("UPDATE runners SET closed = 1 WHERE id = ?", (runner_id,))
 
 
 def beat(
