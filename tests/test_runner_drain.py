@@ -5,7 +5,9 @@ timeout is given up and its job released to another runner at once."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -49,6 +51,22 @@ def _closing(r: batch.Runner[Any], **kw: Any) -> tuple[threading.Thread, list[Ba
     t = threading.Thread(target=close)
     t.start()
     return t, raised
+
+
+@contextlib.contextmanager
+def _another(location: str, says: str) -> Iterator[batch.Runner[batch.Caller]]:
+    """A runner on a handle of its own that resumes any caller's jobs, with
+    leases of a minute (it takes only what is let go), its fetch returning
+    ``"<says> <ref>"``."""
+    with (
+        store.open(location) as other_db,
+        batch.Runner(
+            other_db,
+            lambda ctx, caller, t: f"{says} {t.ref}",
+            batch.Config(resume=batch.Caller, takeover_after=60),
+        ) as other,
+    ):
+        yield other
 
 
 def test_a_drain_lets_the_fetch_in_flight_finish_uncancelled(
@@ -104,14 +122,7 @@ def test_a_fetch_past_the_drains_timeout_is_given_up_and_its_job_released(
     assert fetch.started.wait(TIMEOUT)
     with pytest.raises(TimeoutError, match="released"):
         stuck.close(grace=0.1, timeout=0.3)
-    with (
-        store.open(location) as other_db,
-        batch.Runner(
-            other_db,
-            lambda ctx, caller, t: f"again {t.ref}",
-            batch.Config(resume=batch.Caller, takeover_after=60),
-        ) as other,
-    ):
+    with _another(location, "again") as other:
         job = other.wait(ALICE, job_id, TIMEOUT)
     assert [t.result for t in job.targets] == ["again a", "again b"]
     fetch.gate.set()
@@ -132,14 +143,7 @@ def test_a_drain_lets_the_jobs_with_nothing_in_flight_go_at_once(
     assert fetch.started.wait(TIMEOUT)
     closer, raised = _closing(draining, grace=TIMEOUT)
     assert eventually(lambda: draining.statistics().closed)
-    with (
-        store.open(location) as other_db,
-        batch.Runner(
-            other_db,
-            lambda ctx, caller, t: f"other {t.ref}",
-            batch.Config(resume=batch.Caller, takeover_after=60),
-        ) as other,
-    ):
+    with _another(location, "other") as other:
         assert other.wait(ALICE, idle, TIMEOUT).targets[0].result == "other b"
         later = other.submit(ALICE, ["c"])
         assert other.wait(ALICE, later, TIMEOUT).status == "done"
